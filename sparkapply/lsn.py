@@ -1,0 +1,42 @@
+"""The LSN value type: a 64-bit WAL position printed as PostgreSQL's ``X/Y``."""
+
+from __future__ import annotations
+
+import re
+
+_LSN_RE = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
+_MAX = (1 << 64) - 1
+
+
+class Lsn(int):
+    """A WAL position. Compares and hashes as an int; prints as ``16/B374D848``."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: int | str | Lsn) -> Lsn:
+        if isinstance(value, str):
+            return cls.parse(value)
+        if not 0 <= int(value) <= _MAX:
+            raise ValueError(f"LSN out of range: {value}")
+        return super().__new__(cls, value)
+
+    @classmethod
+    def parse(cls, text: str) -> Lsn:
+        m = _LSN_RE.match(text)
+        if m is None:
+            raise ValueError(f"not an LSN (expected X/Y in hex): {text!r}")
+        return super().__new__(cls, (int(m.group(1), 16) << 32) | int(m.group(2), 16))
+
+    def __str__(self) -> str:
+        return f"{int(self) >> 32:X}/{int(self) & 0xFFFFFFFF:X}"
+
+    def __repr__(self) -> str:
+        return f"Lsn('{self}')"
+
+
+INVALID_LSN = Lsn(0)
+
+
+def format_lsn(value: int | None) -> str:
+    """``X/Y`` for an int LSN, ``-`` for None (used in error context)."""
+    return "-" if value is None else str(Lsn(value))

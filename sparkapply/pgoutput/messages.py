@@ -1,0 +1,252 @@
+"""The pgoutput messages (protocol versions 1-4) as frozen dataclasses.
+
+Field names follow PostgreSQL's ``logicalrep_*`` structs. Times are microseconds since
+the PostgreSQL epoch (2000-01-01 UTC), LSNs are ints (wrap in :class:`~sparkapply.lsn.Lsn`
+to print). ``xid`` on relation, type and change messages is set only inside a
+Stream Start ... Stream Stop block (it is not on the wire outside one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# TupleData column kinds, as on the wire.
+KIND_NULL = 0x6E  # 'n'
+KIND_UNCHANGED = 0x75  # 'u': unchanged TOASTed value, the value is not sent
+KIND_TEXT = 0x74  # 't'
+KIND_BINARY = 0x62  # 'b'
+
+
+@dataclass(frozen=True, slots=True)
+class TupleData:
+    """One row image.
+
+    ``kinds`` holds one byte per column (``b"n"``, ``b"u"``, ``b"t"``, ``b"b"``);
+    ``values[i]`` is the column's bytes for ``t``/``b`` and ``None`` for ``n``/``u``.
+    Kept as two flat sequences, not a Python object per column, because this is the
+    hot path of the decoder.
+    """
+
+    kinds: bytes
+    values: tuple[bytes | None, ...]
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def is_null(self, i: int) -> bool:
+        return self.kinds[i] == KIND_NULL
+
+    def is_unchanged(self, i: int) -> bool:
+        return self.kinds[i] == KIND_UNCHANGED
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    final_lsn: int
+    commit_time: int
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    commit_lsn: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RelationColumn:
+    flags: int  # 1 = part of the replica identity key
+    name: str
+    type_oid: int
+    type_modifier: int
+
+    @property
+    def is_key(self) -> bool:
+        return bool(self.flags & 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    xid: int | None
+    relation_id: int
+    namespace: str  # "" means pg_catalog
+    name: str
+    replica_identity: str  # one of "d", "n", "f", "i" (pg_class.relreplident)
+    columns: tuple[RelationColumn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Type:
+    xid: int | None
+    type_oid: int
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    xid: int | None
+    relation_id: int
+    new: TupleData
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    xid: int | None
+    relation_id: int
+    old_kind: Literal["K", "O"] | None  # K: old key, O: old row (REPLICA IDENTITY FULL)
+    old: TupleData | None
+    new: TupleData
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    xid: int | None
+    relation_id: int
+    old_kind: Literal["K", "O"]
+    old: TupleData
+
+
+TRUNCATE_CASCADE = 1
+TRUNCATE_RESTART_IDENTITY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    xid: int | None
+    options: int
+    relation_ids: tuple[int, ...]
+
+    @property
+    def cascade(self) -> bool:
+        return bool(self.options & TRUNCATE_CASCADE)
+
+    @property
+    def restart_identity(self) -> bool:
+        return bool(self.options & TRUNCATE_RESTART_IDENTITY)
+
+
+@dataclass(frozen=True, slots=True)
+class LogicalMessage:
+    xid: int | None
+    flags: int  # 1 = transactional
+    lsn: int
+    prefix: str
+    content: bytes
+
+    @property
+    def transactional(self) -> bool:
+        return bool(self.flags & 1)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    xid: int
+    first_segment: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCommit:
+    xid: int
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAbort:
+    xid: int
+    subxid: int
+    # Present only with streaming = 'parallel' (protocol 4).
+    abort_lsn: int | None = None
+    abort_time: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BeginPrepare:
+    prepare_lsn: int
+    end_lsn: int
+    prepare_time: int
+    xid: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    flags: int
+    prepare_lsn: int
+    end_lsn: int
+    prepare_time: int
+    xid: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPrepared:
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+    xid: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackPrepared:
+    flags: int
+    prepare_end_lsn: int
+    rollback_end_lsn: int
+    prepare_time: int
+    rollback_time: int
+    xid: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPrepare:
+    flags: int
+    prepare_lsn: int
+    end_lsn: int
+    prepare_time: int
+    xid: int
+    gid: str
+
+
+Message = (
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | Type
+    | Insert
+    | Update
+    | Delete
+    | Truncate
+    | LogicalMessage
+    | StreamStart
+    | StreamStop
+    | StreamCommit
+    | StreamAbort
+    | BeginPrepare
+    | Prepare
+    | CommitPrepared
+    | RollbackPrepared
+    | StreamPrepare
+)
+
+ChangeMessage = Insert | Update | Delete | Truncate

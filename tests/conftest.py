@@ -1,0 +1,99 @@
+"""Shared fixtures: one PostgreSQL server per test run, a fresh database per test.
+
+``SPARKAPPLY_TEST_DSN`` may point the tests at an existing PostgreSQL 16+ server
+(a superuser connection with ``wal_level=logical``); otherwise the bundled server from
+the ``pgserver`` wheel is started with logical-replication settings that force the
+rare paths (streaming of every transaction).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from sparkapply.embedded import EmbeddedPostgres
+
+TEST_SETTINGS = {
+    "logical_decoding_work_mem": "64kB",
+    "debug_logical_replication_streaming": "buffered",
+    "wal_sender_timeout": "20s",
+}
+
+
+class PgServer:
+    """What tests need of the server: DSNs and a way to make databases."""
+
+    def __init__(self, admin_dsn: str, embedded: EmbeddedPostgres | None) -> None:
+        self.admin_dsn = admin_dsn
+        self.embedded = embedded
+        self._counter = itertools.count()
+
+    def dsn(self, dbname: str) -> str:
+        return psycopg.conninfo.make_conninfo(self.admin_dsn, dbname=dbname)
+
+    def create_database(self, prefix: str = "t") -> str:
+        name = f"{prefix}_{os.getpid()}_{next(self._counter)}"
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return name
+
+    def drop_database(self, name: str) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            for (slot,) in conn.execute(
+                "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
+            ).fetchall():
+                conn.execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                    "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                    (slot,),
+                )
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            for (gid,) in conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,)
+            ).fetchall():
+                with psycopg.connect(self.dsn(name), autocommit=True) as c2:
+                    c2.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    def set_streaming(self, mode: str) -> None:
+        """Server-wide ``debug_logical_replication_streaming`` (buffered|immediate)."""
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("ALTER SYSTEM SET debug_logical_replication_streaming = {}").format(
+                    sql.Literal(mode)
+                )
+            )
+            conn.execute("SELECT pg_reload_conf()")
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    dsn = os.environ.get("SPARKAPPLY_TEST_DSN")
+    if dsn:
+        yield PgServer(dsn, None)
+        return
+    data_dir: Path = tmp_path_factory.mktemp("pg") / "data"
+    server = EmbeddedPostgres(data_dir, settings=TEST_SETTINGS)
+    server.start()
+    try:
+        yield PgServer(server.dsn(), server)
+    finally:
+        server.stop("immediate")
+
+
+@pytest.fixture()
+def pg_dsn(pg_server: PgServer) -> Iterator[str]:
+    """A fresh database for one test; dropped (with its slots) afterwards."""
+    name = pg_server.create_database()
+    try:
+        yield pg_server.dsn(name)
+    finally:
+        pg_server.drop_database(name)
