@@ -1,0 +1,1 @@
+"""The Spark side: session, executor tasks, and the driver half of an apply."""

@@ -1,0 +1,279 @@
+"""Fold one table's changes of a batch, in commit order, into their net effect.
+
+Runs on an executor. Input: the spool segments of the batch's transactions that
+touch the table. Output: a :class:`TableDelta` saying which pre-batch rows must go and
+which rows must be written, with values still in PostgreSQL text form.
+
+ROW SEMANTICS
+    Keyed tables (a primary key or REPLICA IDENTITY USING INDEX): the state maps a key
+    (the key columns' text) to the row's last image or to "deleted". An update whose
+    old key differs moves the row: the old key is deleted. A column sent as unchanged
+    TOAST (``u``) takes the value of the same column in the row the update read: the
+    in-batch image if there is one, else the pre-batch row in the table, found later
+    by ``source_key``.
+
+    REPLICA IDENTITY FULL tables have no key: rows are a multiset. A delete removes
+    exactly one row equal to the old image; an update is such a delete plus an insert
+    whose unchanged columns come from the old image (which is complete for FULL).
+    In-batch inserts are cancelled first, then pre-batch rows.
+
+    TRUNCATE empties the table at its position: everything before it is forgotten and
+    every pre-batch row goes.
+
+    Rows carry the relation layout (column names) they were decoded with, so a column
+    added or dropped mid-transaction maps by name into the table's current schema.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sparkapply.changes.spool import SpoolSegment, read_records
+from sparkapply.errors import ApplyError, SparkapplyError
+from sparkapply.pgoutput import Decoder, encode
+from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.peek import peek_change
+
+TAG_R = ord("R")
+TAG_Y = ord("Y")
+TAG_T = ord("T")
+TAG_I = ord("I")
+TAG_U = ord("U")
+TAG_D = ord("D")
+
+
+class _Unchanged:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED = _Unchanged()
+Value = bytes | None | _Unchanged
+Key = tuple[bytes | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Column names and types of one relation version."""
+
+    names: tuple[str, ...]
+    type_oids: tuple[int, ...]
+    type_modifiers: tuple[int, ...]
+    key_idx: tuple[int, ...]
+
+    @classmethod
+    def of(cls, rel: m.Relation) -> Layout:
+        return cls(
+            tuple(c.name for c in rel.columns),
+            tuple(c.type_oid for c in rel.columns),
+            tuple(c.type_modifier for c in rel.columns),
+            tuple(i for i, c in enumerate(rel.columns) if c.is_key),
+        )
+
+
+@dataclass(slots=True)
+class Row:
+    layout: Layout
+    values: list[Value]
+    source_key: Key | None = None  # pre-batch key to fill UNCHANGED values from
+
+
+@dataclass(frozen=True, slots=True)
+class TxnInput:
+    """One transaction's share of a table task (picklable)."""
+
+    ordinal: int
+    xid: int
+    commit_lsn: int
+    segments: tuple[SpoolSegment, ...]
+    relations: tuple[m.Relation, ...]  # cache entries as of its start
+
+
+@dataclass(slots=True)
+class TableDelta:
+    keyed: bool
+    truncated: bool = False
+    # keyed mode
+    rows: dict[Key, Row | None] = field(default_factory=dict)  # None = deleted
+    # Pre-batch keys whose rows must be removed (deleted or moved or replaced).
+    remove_keys: set[Key] = field(default_factory=set)
+    remove_key_layout: Layout | None = None
+    # full mode: rows to add and pre-batch rows to remove (by full image)
+    inserts: list[Row] = field(default_factory=list)
+    removes: Counter[tuple[Layout, Key]] = field(default_factory=Counter)
+    n_changes: int = 0
+    only_inserts: bool = True
+    last_commit_lsn: int = 0
+
+    def upserts(self) -> list[Row]:
+        if self.keyed:
+            return [r for r in self.rows.values() if r is not None]
+        return self.inserts
+
+
+def _values(t: m.TupleData) -> list[Value]:
+    return [UNCHANGED if k == m.KIND_UNCHANGED else v for k, v in zip(t.kinds, t.values, strict=True)]
+
+
+def fold_table(
+    relation_ids: frozenset[int],
+    keyed: bool,
+    txns: Sequence[TxnInput],
+    *,
+    proto_version: int = 4,
+    streaming: str = "parallel",
+    table: str = "?",
+) -> TableDelta:
+    delta = TableDelta(keyed=keyed)
+    for txn in txns:
+        try:
+            _fold_txn(delta, relation_ids, txn, proto_version, streaming)
+        except SparkapplyError as exc:
+            raise exc.with_context(xid=txn.xid, lsn=txn.commit_lsn, table=table) from None
+        delta.last_commit_lsn = max(delta.last_commit_lsn, txn.commit_lsn)
+    return delta
+
+
+def _records(txn: TxnInput) -> Iterable[tuple[bytes, bool]]:
+    for seg in txn.segments:
+        yield from read_records(seg)
+
+
+def _fold_txn(
+    delta: TableDelta,
+    relation_ids: frozenset[int],
+    txn: TxnInput,
+    proto_version: int,
+    streaming: str,
+) -> None:
+    rels = {r.relation_id: r for r in txn.relations}
+    layouts = {rid: Layout.of(r) for rid, r in rels.items()}
+    plain = Decoder(proto_version=proto_version, streaming=streaming)
+    streamed = Decoder(proto_version=proto_version, streaming=streaming)
+    if proto_version >= 2:
+        streamed.decode(encode(m.StreamStart(txn.xid, True), proto_version=proto_version,
+                               streaming=streaming))
+    for payload, in_stream in _records(txn):
+        tag = payload[0]
+        dec = streamed if in_stream else plain
+        if tag == TAG_R:
+            rel = dec.decode(payload)
+            assert isinstance(rel, m.Relation)
+            rels[rel.relation_id] = rel
+            layouts[rel.relation_id] = Layout.of(rel)
+            continue
+        if tag == TAG_T:
+            msg = dec.decode(payload)
+            assert isinstance(msg, m.Truncate)
+            if relation_ids.intersection(msg.relation_ids):
+                delta.truncated = True
+                delta.only_inserts = False
+                delta.rows.clear()
+                delta.remove_keys.clear()
+                delta.inserts.clear()
+                delta.removes.clear()
+            continue
+        if tag not in (TAG_I, TAG_U, TAG_D):
+            if tag != TAG_Y:
+                dec.decode(payload)  # validates; nothing else to apply
+            continue
+        _, _, relid = peek_change(payload, in_stream)
+        if relid not in relation_ids:
+            continue
+        layout = layouts.get(relid)
+        if layout is None:
+            raise ApplyError(f"change for relation id {relid} before its RELATION message")
+        msg = dec.decode(payload)
+        delta.n_changes += 1
+        if delta.keyed:
+            _apply_keyed(delta, layout, msg)
+        else:
+            _apply_full(delta, layout, msg)
+
+
+def _key(layout: Layout, values: Sequence[Value]) -> Key:
+    key = tuple(values[i] for i in layout.key_idx)
+    for v in key:
+        if isinstance(v, _Unchanged):
+            raise ApplyError("a replica identity column was sent as unchanged TOAST")
+    return key  # type: ignore[return-value]
+
+
+def _apply_keyed(delta: TableDelta, layout: Layout, msg: m.Message) -> None:
+    if isinstance(msg, m.Insert):
+        values = _values(msg.new)
+        key = _key(layout, values)
+        if delta.only_inserts:
+            # Fast path bookkeeping: pure inserts never need the pre-batch table.
+            delta.rows[key] = Row(layout, values)
+            return
+        delta.rows[key] = Row(layout, values)
+        delta.remove_keys.add(key)  # harmless if absent; exact if a stale row exists
+        delta.remove_key_layout = delta.remove_key_layout or layout
+        return
+    delta.only_inserts = False
+    if delta.remove_key_layout is None:
+        delta.remove_key_layout = layout
+        delta.remove_keys.update(delta.rows.keys())
+    if isinstance(msg, m.Update):
+        new_values = _values(msg.new)
+        new_key = _key(layout, new_values)
+        old_key = _key(layout, _values(msg.old)) if msg.old is not None else new_key
+        prev = delta.rows.get(old_key, _MISSING)
+        source_key: Key | None = None
+        if any(isinstance(v, _Unchanged) for v in new_values):
+            if isinstance(prev, Row):
+                prev_by_name = dict(zip(prev.layout.names, prev.values, strict=True))
+                for i, v in enumerate(new_values):
+                    if isinstance(v, _Unchanged):
+                        new_values[i] = prev_by_name.get(layout.names[i])
+                source_key = prev.source_key
+            elif prev is _MISSING:
+                source_key = old_key  # read it from the pre-batch row
+        if old_key != new_key:
+            delta.rows[old_key] = None
+            delta.remove_keys.add(old_key)
+        delta.rows[new_key] = Row(layout, new_values, source_key)
+        delta.remove_keys.add(new_key)
+    elif isinstance(msg, m.Delete):
+        key = _key(layout, _values(msg.old))
+        delta.rows[key] = None
+        delta.remove_keys.add(key)
+
+
+_MISSING = object()
+
+
+def _full_image(layout: Layout, values: Sequence[Value]) -> tuple[Layout, Key]:
+    return layout, tuple(None if isinstance(v, _Unchanged) else v for v in values)
+
+
+def _remove_one(delta: TableDelta, layout: Layout, old: Sequence[Value]) -> None:
+    image = tuple(old)
+    for i, row in enumerate(delta.inserts):
+        if row.layout == layout and tuple(row.values) == image:
+            del delta.inserts[i]
+            return
+    delta.removes[_full_image(layout, old)] += 1
+
+
+def _apply_full(delta: TableDelta, layout: Layout, msg: m.Message) -> None:
+    if isinstance(msg, m.Insert):
+        delta.inserts.append(Row(layout, _values(msg.new)))
+        return
+    delta.only_inserts = False
+    if isinstance(msg, m.Update):
+        new_values = _values(msg.new)
+        if msg.old is not None:
+            old_values = _values(msg.old)
+            for i, v in enumerate(new_values):
+                if isinstance(v, _Unchanged):
+                    new_values[i] = old_values[i]
+            _remove_one(delta, layout, old_values)
+        delta.inserts.append(Row(layout, new_values))
+    elif isinstance(msg, m.Delete):
+        _remove_one(delta, layout, _values(msg.old))

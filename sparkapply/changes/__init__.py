@@ -1,0 +1,1 @@
+"""Transaction assembly: relation cache, spool, prepared store, committed transactions."""

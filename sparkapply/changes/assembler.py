@@ -1,0 +1,450 @@
+"""Transaction assembly: pgoutput messages in, committed transactions out, in commit order.
+
+STREAMED TRANSACTIONS
+    With ``streaming`` on, a large transaction arrives in chunks (Stream Start xid …
+    Stream Stop), interleaved with other streamed chunks and with whole ordinary
+    transactions, and is resolved later by Stream Commit, Stream Abort or Stream
+    Prepare. Each top-level xid gets its own spool file. As in PostgreSQL's
+    ``worker.c`` (``subxact_info_add``), we remember the offset of the first change of
+    every subtransaction; a Stream Abort of a subtransaction truncates the file back to
+    that offset and forgets that subtransaction and every later one. This is exact
+    because a subtransaction can only be aborted while open, so everything after its
+    first change belongs to it or to subtransactions nested in it. Abort of the top
+    xid deletes the file. Aborts that arrive child first, or for subtransactions that
+    changed nothing, need no special case: an unknown subxid is a no-op.
+
+    RELATION and TYPE messages cut off by a subtransaction abort are written back after
+    the truncation point: pgoutput will not send them again in this transaction, and a
+    stale description is corrected by the one pgoutput resends after the invalidation
+    that a rolled-back DDL causes. TRUNCATE and row changes are discarded.
+
+ORDINARY TRANSACTIONS
+    arrive whole and contiguous; they are appended to a shared spool file and
+    referenced by byte range, so small transactions cost no file each.
+
+TWO-PHASE
+    Begin Prepare … Prepare (or Stream Prepare) stages the transaction in the durable
+    :class:`PreparedStore`, keyed by xid, and its end LSN becomes acknowledgeable.
+    Commit Prepared turns the staged entry into a committed transaction at the commit
+    position; Rollback Prepared deletes it (unknown xid: no-op).
+
+RELATION CACHE
+    RELATION messages describe a table as of their position in *apply* order. Streamed
+    transactions are applied at their commit, so their RELATION messages are applied to
+    the cache then, not when received. Each committed transaction carries the cache
+    entries of the relations it touches as of its start, plus its own RELATION
+    messages; the executor replays those in place.
+
+Change messages (I/U/D) are only peeked here (xid and relation id); their tuples are
+decoded on executors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from sparkapply.changes.prepared import PreparedEntry, PreparedStore
+from sparkapply.changes.progress import Progress
+from sparkapply.changes.spool import SpoolSegment, SpoolWriter
+from sparkapply.changes.transaction import CommittedTxn
+from sparkapply.errors import ProtocolError, SparkapplyError, StateError
+from sparkapply.lsn import Lsn
+from sparkapply.pgoutput import Decoder, encode
+from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.peek import CHANGE_TAGS, peek_change
+
+log = logging.getLogger(__name__)
+
+SHARED_FILE_ROTATE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _OpenTxn:
+    """State of one transaction being received."""
+
+    xid: int
+    writer: SpoolWriter
+    start: int
+    relation_ids: set[int] = field(default_factory=set)
+    relation_messages: list[m.Relation] = field(default_factory=list)
+    # (offset, payload, in_stream) of RELATION/TYPE records, for subxact truncation.
+    catalog_records: list[tuple[int, bytes, bool]] = field(default_factory=list)
+    subxacts: list[tuple[int, int]] = field(default_factory=list)  # (subxid, offset)
+    n_changes: int = 0
+    has_truncate: bool = False
+    prepare: m.BeginPrepare | None = None  # set for Begin Prepare … Prepare
+
+
+class Assembler:
+    def __init__(
+        self,
+        work_dir: Path,
+        *,
+        proto_version: int,
+        streaming: str,
+        prepared: PreparedStore,
+        progress: Progress,
+    ) -> None:
+        self.spool_dir = work_dir / "spool"
+        # Streams and unapplied transactions are re-sent after a restart, so the spool
+        # is never trusted across one.
+        shutil.rmtree(self.spool_dir, ignore_errors=True)
+        self.spool_dir.mkdir(parents=True)
+        self.proto_version = proto_version
+        self.streaming = streaming
+        self.decoder = Decoder(proto_version=proto_version, streaming=streaming)
+        self.prepared = prepared
+        self.progress = progress
+        self.relations: dict[int, m.Relation] = {}
+        self.types: dict[int, m.Type] = {}
+        self.ready: list[tuple[CommittedTxn, list[int]]] = []
+        self.ready_bytes = 0
+        self._current: _OpenTxn | None = None
+        self._streams: dict[int, _OpenTxn] = {}
+        self._stream_xid: int | None = None
+        self._shared: SpoolWriter | None = None
+        self._file_refs: dict[str, int] = {}
+        self._seq = itertools.count()
+        self.last_lsn = Lsn(0)
+
+    # -- state for the subscriber -----------------------------------------------------
+
+    @property
+    def in_transaction(self) -> bool:
+        """An ordinary transaction is half received (its end is not yet known)."""
+        return self._current is not None
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def take_ready(self, max_bytes: int, max_txns: int) -> list[tuple[CommittedTxn, list[int]]]:
+        """Committed transactions for the next batch, in commit order."""
+        if self._shared is not None:
+            self._shared.flush()
+        out = []
+        nbytes = 0
+        while self.ready and len(out) < max_txns:
+            txn, item = self.ready[0]
+            if out and nbytes + txn.nbytes > max_bytes:
+                break
+            out.append(self.ready.pop(0))
+            nbytes += txn.nbytes
+        self.ready_bytes -= nbytes
+        return out
+
+    def release(self, txn: CommittedTxn) -> None:
+        """The transaction is durable: its spool bytes are no longer needed."""
+        for path in txn.cleanup:
+            refs = self._file_refs.get(path, 0) - 1
+            if refs > 0:
+                self._file_refs[path] = refs
+                continue
+            self._file_refs.pop(path, None)
+            if self._shared is not None and str(self._shared.path) == path:
+                continue  # still being appended to; deleted after rotation
+            Path(path).unlink(missing_ok=True)
+        if txn.kind == "prepared":
+            self.prepared.remove(txn.xid)
+
+    # -- input ----------------------------------------------------------------------
+
+    def feed(self, payload: memoryview | bytes, lsn: int) -> None:
+        """One pgoutput message, as carried by the XLogData starting at ``lsn``."""
+        self.last_lsn = Lsn(lsn)
+        try:
+            self._feed(payload)
+        except SparkapplyError as exc:
+            ctx_xid = self._stream_xid or (self._current.xid if self._current else None)
+            raise exc.with_context(lsn=lsn, xid=ctx_xid) from None
+
+    def _feed(self, payload: memoryview | bytes) -> None:
+        if not payload:
+            raise ProtocolError("empty pgoutput message", offset=0)
+        tag = payload[0]
+        if tag in CHANGE_TAGS:
+            self._change(payload)
+            return
+        msg = self.decoder.decode(payload)
+        if isinstance(msg, m.Relation | m.Type):
+            self._catalog(msg, payload)
+        elif isinstance(msg, m.Truncate):
+            txn = self._txn_for(msg.xid, "TRUNCATE")
+            if msg.xid is not None:
+                self._note_subxact(txn, msg.xid)
+            txn.writer.append(payload, msg.xid is not None)
+            txn.relation_ids.update(msg.relation_ids)
+            txn.has_truncate = True
+            txn.n_changes += 1
+        elif isinstance(msg, m.Begin):
+            self._begin(msg.xid)
+        elif isinstance(msg, m.Commit):
+            txn = self._end_current("COMMIT")
+            self._commit(txn, msg.commit_lsn, msg.end_lsn, msg.commit_time, "commit")
+        elif isinstance(msg, m.StreamStart):
+            self._stream_start(msg)
+        elif isinstance(msg, m.StreamStop):
+            self._stream_xid = None
+            for s in self._streams.values():
+                s.writer.flush()
+        elif isinstance(msg, m.StreamCommit):
+            txn = self._pop_stream(msg.xid, "STREAM COMMIT")
+            self._commit(txn, msg.commit_lsn, msg.end_lsn, msg.commit_time, "stream")
+        elif isinstance(msg, m.StreamAbort):
+            self._stream_abort(msg)
+        elif isinstance(msg, m.BeginPrepare):
+            self._begin(msg.xid, prepare=msg)
+        elif isinstance(msg, m.Prepare):
+            txn = self._end_current("PREPARE")
+            self._stage(txn, msg.xid, msg.gid, msg.prepare_lsn, msg.end_lsn, msg.prepare_time)
+        elif isinstance(msg, m.StreamPrepare):
+            txn = self._pop_stream(msg.xid, "STREAM PREPARE")
+            self._stage(txn, msg.xid, msg.gid, msg.prepare_lsn, msg.end_lsn, msg.prepare_time)
+        elif isinstance(msg, m.CommitPrepared):
+            self._commit_prepared(msg)
+        elif isinstance(msg, m.RollbackPrepared):
+            self.prepared.remove(msg.xid)
+            self.progress.add(msg.rollback_end_lsn, done=True)
+        elif isinstance(msg, m.LogicalMessage):
+            pass  # logical messages carry no table changes; nothing to apply
+        elif isinstance(msg, m.Origin):
+            pass
+
+    # -- pieces -----------------------------------------------------------------------
+
+    def _txn_for(self, xid: int | None, what: str) -> _OpenTxn:
+        if xid is not None:
+            if self._stream_xid is None:
+                raise ProtocolError(f"{what} with an xid outside a stream block")
+            return self._streams[self._stream_xid]
+        if self._current is None:
+            raise ProtocolError(f"{what} outside a transaction", tag=what[0])
+        return self._current
+
+    @staticmethod
+    def _note_subxact(txn: _OpenTxn, xid: int) -> None:
+        # Called before appending a change of ``xid``: remember where it starts.
+        if xid != txn.xid and not any(s == xid for s, _ in txn.subxacts):
+            txn.subxacts.append((xid, txn.writer.offset))
+
+    def _change(self, payload: memoryview | bytes) -> None:
+        in_stream = self._stream_xid is not None
+        tag, xid, relid = peek_change(payload, in_stream)
+        if in_stream:
+            assert xid is not None and self._stream_xid is not None
+            txn = self._streams[self._stream_xid]
+            self._note_subxact(txn, xid)
+        else:
+            if self._current is None:
+                raise ProtocolError("change message outside a transaction", tag=chr(tag))
+            txn = self._current
+        txn.writer.append(payload, in_stream)
+        txn.relation_ids.add(relid)
+        txn.n_changes += 1
+
+    def _catalog(self, msg: m.Relation | m.Type, payload: memoryview | bytes) -> None:
+        in_stream = msg.xid is not None
+        if in_stream:
+            txn = self._txn_for(msg.xid, "RELATION")
+        else:
+            txn = self._current  # type: ignore[assignment]
+        if txn is None:
+            # Outside any transaction (not sent by pgoutput today): takes effect now.
+            if isinstance(msg, m.Relation):
+                self.relations[msg.relation_id] = msg
+            else:
+                self.types[msg.type_oid] = msg
+            return
+        offset = txn.writer.append(payload, in_stream)
+        txn.catalog_records.append((offset, bytes(payload), in_stream))
+        if isinstance(msg, m.Relation):
+            txn.relation_messages.append(replace(msg, xid=None))
+
+    def _begin(self, xid: int, prepare: m.BeginPrepare | None = None) -> None:
+        if self._current is not None:
+            raise ProtocolError(
+                f"BEGIN of xid {xid} while xid {self._current.xid} is still open", tag="B"
+            )
+        if self._shared is None or self._shared.offset > SHARED_FILE_ROTATE_BYTES:
+            self._rotate_shared()
+        assert self._shared is not None
+        self._current = _OpenTxn(xid, self._shared, self._shared.offset, prepare=prepare)
+
+    def _rotate_shared(self) -> None:
+        old = self._shared
+        if old is not None:
+            old.close()
+            if self._file_refs.get(str(old.path), 0) == 0:
+                old.path.unlink(missing_ok=True)
+        self._shared = SpoolWriter(self.spool_dir / f"txns-{next(self._seq)}.spool")
+
+    def _end_current(self, what: str) -> _OpenTxn:
+        if self._current is None:
+            raise ProtocolError(f"{what} without a transaction")
+        txn, self._current = self._current, None
+        return txn
+
+    def _stream_start(self, msg: m.StreamStart) -> None:
+        if self._current is not None:
+            raise ProtocolError("STREAM START inside an ordinary transaction", tag="S")
+        txn = self._streams.get(msg.xid)
+        if txn is None or msg.first_segment:
+            if txn is not None:
+                txn.writer.close()
+            writer = SpoolWriter(self.spool_dir / f"stream-{msg.xid}-{next(self._seq)}.spool")
+            writer.truncate(0)
+            txn = _OpenTxn(msg.xid, writer, 0)
+            self._streams[msg.xid] = txn
+        self._stream_xid = msg.xid
+
+    def _pop_stream(self, xid: int, what: str) -> _OpenTxn:
+        txn = self._streams.pop(xid, None)
+        if txn is None:
+            # Every chunk of it was for unpublished tables, or it was empty.
+            writer = SpoolWriter(self.spool_dir / f"stream-{xid}-{next(self._seq)}.spool")
+            txn = _OpenTxn(xid, writer, 0)
+        txn.writer.flush()
+        return txn
+
+    def _stream_abort(self, msg: m.StreamAbort) -> None:
+        txn = self._streams.get(msg.xid)
+        if txn is None:
+            return
+        if msg.subxid == msg.xid:
+            del self._streams[msg.xid]
+            txn.writer.close()
+            txn.writer.path.unlink(missing_ok=True)
+            return
+        for i, (subxid, offset) in enumerate(txn.subxacts):
+            if subxid == msg.subxid:
+                break
+        else:
+            return  # a subtransaction that changed nothing we were sent
+        del txn.subxacts[i:]
+        keep = [r for r in txn.catalog_records if r[0] < offset]
+        lost = [r for r in txn.catalog_records if r[0] >= offset]
+        txn.writer.truncate(offset)
+        for _, payload, in_stream in lost:
+            keep.append((txn.writer.append(payload, in_stream), payload, in_stream))
+        txn.catalog_records = keep
+
+    def _commit(
+        self, txn: _OpenTxn, commit_lsn: int, end_lsn: int, commit_time: int, kind: str
+    ) -> None:
+        segment = txn.writer.segment(txn.start)
+        path = str(txn.writer.path)
+        if kind == "stream":
+            txn.writer.close()
+        cleanup = (path,)
+        self._file_refs[path] = self._file_refs.get(path, 0) + 1
+        self._emit(
+            xid=txn.xid,
+            commit_lsn=commit_lsn,
+            end_lsn=end_lsn,
+            commit_time=commit_time,
+            kind=kind,
+            segments=(segment,) if segment.nbytes else (),
+            relation_ids=frozenset(txn.relation_ids),
+            relation_messages=tuple(txn.relation_messages),
+            n_changes=txn.n_changes,
+            has_truncate=txn.has_truncate,
+            cleanup=cleanup,
+        )
+
+    def _emit(self, **kw: object) -> None:
+        relation_ids: frozenset[int] = kw["relation_ids"]  # type: ignore[assignment]
+        own: tuple[m.Relation, ...] = kw["relation_messages"]  # type: ignore[assignment]
+        snapshot = {rid: self.relations[rid] for rid in relation_ids if rid in self.relations}
+        for rel in own:
+            self.relations[rel.relation_id] = rel
+        missing = [rid for rid in relation_ids if rid not in self.relations]
+        if missing:
+            raise StateError(
+                f"changes for relation id(s) {missing} arrived without a RELATION message",
+                xid=kw["xid"],
+                hint="the stream is inconsistent; restart sparkapply to have it re-sent",
+            )
+        txn = CommittedTxn(
+            xid=kw["xid"],  # type: ignore[arg-type]
+            commit_lsn=Lsn(kw["commit_lsn"]),  # type: ignore[arg-type]
+            end_lsn=Lsn(kw["end_lsn"]),  # type: ignore[arg-type]
+            commit_time=kw["commit_time"],  # type: ignore[arg-type]
+            kind=kw["kind"],  # type: ignore[arg-type]
+            segments=kw["segments"],  # type: ignore[arg-type]
+            relation_ids=relation_ids,
+            relations=snapshot,
+            relation_messages=own,
+            n_changes=kw["n_changes"],  # type: ignore[arg-type]
+            has_truncate=kw["has_truncate"],  # type: ignore[arg-type]
+            gid=kw.get("gid"),  # type: ignore[arg-type]
+            cleanup=kw["cleanup"],  # type: ignore[arg-type]
+        )
+        item = self.progress.add(txn.end_lsn, done=False)
+        self.ready.append((txn, item))
+        self.ready_bytes += txn.nbytes
+
+    def _stage(
+        self, txn: _OpenTxn, xid: int, gid: str, prepare_lsn: int, end_lsn: int, ptime: int
+    ) -> None:
+        is_stream = txn.writer.path.name.startswith("stream-")
+        segment = txn.writer.segment(txn.start)
+        txn.writer.flush()
+        if is_stream:
+            txn.writer.close()
+        self.prepared.stage(
+            xid=xid,
+            gid=gid,
+            prepare_lsn=prepare_lsn,
+            end_lsn=end_lsn,
+            prepare_time=ptime,
+            n_changes=txn.n_changes,
+            has_truncate=txn.has_truncate,
+            relation_ids=frozenset(txn.relation_ids),
+            relation_payloads=tuple(
+                encode(r, proto_version=self.proto_version, streaming=self.streaming)
+                for r in txn.relation_messages
+            ),
+            source=segment,
+            move=is_stream,
+        )
+        self.progress.add(end_lsn, done=True)
+
+    def _commit_prepared(self, msg: m.CommitPrepared) -> None:
+        entry = self.prepared.get(msg.xid)
+        if entry is None:
+            raise StateError(
+                f"COMMIT PREPARED of xid {msg.xid} (gid {msg.gid!r}) but that transaction "
+                "was never staged",
+                xid=msg.xid,
+                lsn=msg.commit_lsn,
+                hint="the work_dir's prepared/ directory was lost or belongs to another "
+                "slot; drop the slot and resync",
+            )
+        self._emit_prepared(entry, msg)
+
+    def _emit_prepared(self, entry: PreparedEntry, msg: m.CommitPrepared) -> None:
+        decoder = Decoder(proto_version=self.proto_version, streaming=self.streaming)
+        own = []
+        for payload in entry.relation_payloads:
+            rel = decoder.decode(payload)
+            if not isinstance(rel, m.Relation):
+                raise StateError(f"staged RELATION of xid {entry.xid} is not a RELATION")
+            own.append(rel)
+        self._emit(
+            xid=entry.xid,
+            commit_lsn=msg.commit_lsn,
+            end_lsn=msg.end_lsn,
+            commit_time=msg.commit_time,
+            kind="prepared",
+            segments=(entry.segment,) if entry.spool_size else (),
+            relation_ids=entry.relation_ids,
+            relation_messages=tuple(own),
+            n_changes=entry.n_changes,
+            has_truncate=entry.has_truncate,
+            gid=entry.gid,
+            cleanup=(),
+        )

@@ -1,0 +1,171 @@
+"""The durable store of prepared transactions, keyed by xid.
+
+PREPARE makes a transaction durable here before its end LSN may be acknowledged;
+COMMIT PREPARED and ROLLBACK PREPARED find it by xid (GIDs repeat and may be empty),
+also after a restart. Layout in ``<work_dir>/prepared/``: ``<xid>.spool`` (the
+transaction's change records) and ``<xid>.json`` (its metadata). The JSON is written
+last with an atomic rename, so an entry exists only once its spool is complete and
+fsynced; a spool without JSON is debris from a crash and is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkapply.changes.spool import SpoolSegment
+from sparkapply.errors import StateError
+from sparkapply.lsn import Lsn
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEntry:
+    xid: int
+    gid: str
+    prepare_lsn: Lsn
+    end_lsn: Lsn
+    prepare_time: int
+    n_changes: int
+    has_truncate: bool
+    relation_ids: frozenset[int]
+    spool_path: str
+    spool_size: int
+    # RELATION payloads inside the transaction, applied to the relation cache at
+    # COMMIT PREPARED (hex in the JSON).
+    relation_payloads: tuple[bytes, ...]
+
+    @property
+    def segment(self) -> SpoolSegment:
+        return SpoolSegment(self.spool_path, 0, self.spool_size)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PreparedStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _paths(self, xid: int) -> tuple[Path, Path]:
+        return self.root / f"{xid}.spool", self.root / f"{xid}.json"
+
+    def stage(
+        self,
+        *,
+        xid: int,
+        gid: str,
+        prepare_lsn: int,
+        end_lsn: int,
+        prepare_time: int,
+        n_changes: int,
+        has_truncate: bool,
+        relation_ids: frozenset[int],
+        relation_payloads: tuple[bytes, ...],
+        source: SpoolSegment,
+        move: bool,
+    ) -> PreparedEntry:
+        """Make the transaction durable. ``move`` renames a whole stream file in."""
+        spool, meta = self._paths(xid)
+        meta.unlink(missing_ok=True)  # a re-sent PREPARE replaces the old entry
+        if move and source.start == 0:
+            os.replace(source.path, spool)
+            with open(spool, "r+b") as f:
+                f.truncate(source.end)
+                os.fsync(f.fileno())
+        else:
+            with open(source.path, "rb") as src, open(spool, "wb") as dst:
+                src.seek(source.start)
+                remaining = source.end - source.start
+                while remaining > 0:
+                    chunk = src.read(min(remaining, 1 << 20))
+                    if not chunk:
+                        raise StateError(f"spool {source.path} ended early while staging xid {xid}")
+                    dst.write(chunk)
+                    remaining -= len(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+        entry = PreparedEntry(
+            xid=xid,
+            gid=gid,
+            prepare_lsn=Lsn(prepare_lsn),
+            end_lsn=Lsn(end_lsn),
+            prepare_time=prepare_time,
+            n_changes=n_changes,
+            has_truncate=has_truncate,
+            relation_ids=relation_ids,
+            spool_path=str(spool),
+            spool_size=source.end - source.start,
+            relation_payloads=relation_payloads,
+        )
+        tmp = meta.with_suffix(".json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(
+                {
+                    "xid": xid,
+                    "gid": gid,
+                    "prepare_lsn": str(entry.prepare_lsn),
+                    "end_lsn": str(entry.end_lsn),
+                    "prepare_time": prepare_time,
+                    "n_changes": n_changes,
+                    "has_truncate": has_truncate,
+                    "relation_ids": sorted(relation_ids),
+                    "spool_size": entry.spool_size,
+                    "relation_payloads": [p.hex() for p in relation_payloads],
+                },
+                f,
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, meta)
+        _fsync_dir(self.root)
+        return entry
+
+    def get(self, xid: int) -> PreparedEntry | None:
+        spool, meta = self._paths(xid)
+        try:
+            raw = json.loads(meta.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StateError(f"prepared transaction metadata {meta} is unreadable: {exc}") from exc
+        if not spool.exists() or spool.stat().st_size < raw["spool_size"]:
+            raise StateError(
+                f"prepared transaction xid {xid} (gid {raw['gid']!r}) has lost its spool {spool}",
+                xid=xid,
+                hint="the work_dir was damaged; drop the slot and resync the tables",
+            )
+        return PreparedEntry(
+            xid=raw["xid"],
+            gid=raw["gid"],
+            prepare_lsn=Lsn.parse(raw["prepare_lsn"]),
+            end_lsn=Lsn.parse(raw["end_lsn"]),
+            prepare_time=raw["prepare_time"],
+            n_changes=raw["n_changes"],
+            has_truncate=raw["has_truncate"],
+            relation_ids=frozenset(raw["relation_ids"]),
+            spool_path=str(spool),
+            spool_size=raw["spool_size"],
+            relation_payloads=tuple(bytes.fromhex(p) for p in raw["relation_payloads"]),
+        )
+
+    def remove(self, xid: int) -> None:
+        spool, meta = self._paths(xid)
+        meta.unlink(missing_ok=True)
+        spool.unlink(missing_ok=True)
+        _fsync_dir(self.root)
+
+    def xids(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.root.glob("*.json"))
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,42 @@
+"""A committed source transaction, as handed from the assembler to the apply."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sparkapply.changes.spool import SpoolSegment
+from sparkapply.lsn import Lsn
+from sparkapply.pgoutput.messages import Relation
+
+TxnKind = Literal["commit", "stream", "prepared"]
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedTxn:
+    """Everything the apply needs of one transaction, in commit order.
+
+    ``relations`` is the relation cache *as of the transaction's start in apply
+    order* for every relation it touches; RELATION messages inside the transaction are
+    in the spool and replayed by the executor in place.
+    """
+
+    xid: int
+    commit_lsn: Lsn  # the commit (or COMMIT PREPARED) record: ordering and replay skip
+    end_lsn: Lsn  # acknowledged once this transaction is durable
+    commit_time: int
+    kind: TxnKind
+    segments: tuple[SpoolSegment, ...]
+    relation_ids: frozenset[int]
+    relations: Mapping[int, Relation]
+    relation_messages: tuple[Relation, ...]  # RELATION messages inside, in order
+    n_changes: int
+    has_truncate: bool = False
+    gid: str | None = None
+    # Files that may be deleted once this transaction is durable.
+    cleanup: tuple[str, ...] = field(default=())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.segments)

@@ -1,0 +1,256 @@
+"""The typed configuration: TOML file, then ``SPARKAPPLY_*`` environment, then flags.
+
+Precedence (later wins): defaults → the TOML file → environment variables → command
+line overrides. An environment variable names a key path with ``__`` between levels:
+``SPARKAPPLY_SOURCE__DSN``, ``SPARKAPPLY_WORK_DIR``, ``SPARKAPPLY_SPARK__CONF__spark.ui.enabled``.
+Its value is read as a TOML value when it parses as one (``2``, ``true``,
+``["a", "b"]``) and as a plain string otherwise. Unknown keys and bad values raise
+:class:`~sparkapply.errors.ConfigError` naming the key.
+
+``{work_dir}`` in any ``[sink.catalog]`` value is replaced by the absolute work dir, so
+the shipped ``configs/local.toml`` keeps its catalog and warehouse beside the spool.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkapply.errors import ConfigError
+
+ENV_PREFIX = "SPARKAPPLY_"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    dsn: str
+    publication: tuple[str, ...]
+    slot: str = "sparkapply"
+    create_slot: bool = True
+    origin: str = "any"  # "any" or "none": which origins' changes to receive
+    status_interval: float = 10.0  # seconds between unsolicited standby status updates
+    connect_timeout: float = 10.0
+    reconnect_max_backoff: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class SinkConfig:
+    catalog_name: str = "sparkapply"
+    catalog: Mapping[str, str] = field(default_factory=dict)
+    # "pgschema.pgtable" → "namespace.table"; unmapped tables keep their own name.
+    tables: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SparkConfig:
+    master: str = "local[*]"
+    app_name: str = "sparkapply"
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyConfig:
+    batch_max_bytes: int = 256 * 1024 * 1024  # spooled bytes that close a batch
+    batch_max_transactions: int = 100_000
+    batch_linger: float = 0.5  # seconds to wait for more transactions once one is ready
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    source: SourceConfig
+    work_dir: Path
+    sink: SinkConfig = field(default_factory=SinkConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    apply: ApplyConfig = field(default_factory=ApplyConfig)
+
+    def catalog_properties(self) -> dict[str, str]:
+        wd = str(self.work_dir)
+        return {k: v.replace("{work_dir}", wd) for k, v in self.sink.catalog.items()}
+
+
+_SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "": {"work_dir": str},
+    "source": {
+        "dsn": str,
+        "publication": (str, list),
+        "slot": str,
+        "create_slot": bool,
+        "origin": str,
+        "status_interval": (int, float),
+        "connect_timeout": (int, float),
+        "reconnect_max_backoff": (int, float),
+    },
+    "sink": {"catalog_name": str, "catalog": dict, "tables": dict},
+    "spark": {"master": str, "app_name": str, "conf": dict},
+    "apply": {
+        "batch_max_bytes": int,
+        "batch_max_transactions": int,
+        "batch_linger": (int, float),
+    },
+}
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX) or name.startswith(ENV_PREFIX + "TEST_"):
+            continue
+        path = name[len(ENV_PREFIX) :].split("__")
+        # Section and key names are lower case; keys inside free-form tables keep case.
+        path = [p.lower() for p in path[:2]] + path[2:]
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = _parse_env_value(raw)
+    return out
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _check(raw: Mapping[str, Any], origin: str) -> None:
+    for key, value in raw.items():
+        if key in _SCHEMA and key != "":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"[{key}] must be a table", key=key, hint=origin)
+            allowed = _SCHEMA[key]
+            for sub, subval in value.items():
+                if sub not in allowed:
+                    raise ConfigError(
+                        f"unknown configuration key {key}.{sub}",
+                        key=f"{key}.{sub}",
+                        hint=f"known keys of [{key}]: {', '.join(sorted(allowed))} ({origin})",
+                    )
+                _check_type(f"{key}.{sub}", subval, allowed[sub], origin)
+        elif key in _SCHEMA[""]:
+            _check_type(key, value, _SCHEMA[""][key], origin)
+        else:
+            known = sorted([*_SCHEMA[""], *(k for k in _SCHEMA if k)])
+            raise ConfigError(
+                f"unknown configuration key {key}",
+                key=key,
+                hint=f"known top-level keys: {', '.join(known)} ({origin})",
+            )
+
+
+def _check_type(key: str, value: Any, expected: type | tuple[type, ...], origin: str) -> None:
+    types = expected if isinstance(expected, tuple) else (expected,)
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        names = " or ".join(t.__name__ for t in types)
+        raise ConfigError(
+            f"configuration key {key} must be {names}, got {type(value).__name__} {value!r}",
+            key=key,
+            hint=origin,
+        )
+
+
+def _str_table(key: str, value: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if isinstance(v, Mapping | list):
+            raise ConfigError(f"{key}.{k} must be a scalar", key=f"{key}.{k}")
+        out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Read the config file (if any), apply environment and command-line overrides."""
+    raw: dict[str, Any] = {}
+    origin = "defaults"
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {p}", key="--config") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}", key="--config") from exc
+        origin = f"in {p}"
+        _check(raw, origin)
+    from_env = _env_overrides(os.environ if env is None else env)
+    _check(from_env, "from SPARKAPPLY_* environment variables")
+    raw = _merge(raw, from_env)
+    if overrides:
+        _check(overrides, "from the command line")
+        raw = _merge(raw, overrides)
+    return _build(raw)
+
+
+def _build(raw: Mapping[str, Any]) -> Config:
+    src = dict(raw.get("source", {}))
+    if "dsn" not in src:
+        raise ConfigError("[source] dsn is required", key="source.dsn")
+    pubs = src.get("publication")
+    if pubs is None:
+        raise ConfigError("[source] publication is required", key="source.publication")
+    pub_tuple = (pubs,) if isinstance(pubs, str) else tuple(pubs)
+    if not pub_tuple or not all(isinstance(p, str) and p for p in pub_tuple):
+        raise ConfigError(
+            "[source] publication must be a non-empty name or list of names",
+            key="source.publication",
+        )
+    src["publication"] = pub_tuple
+    if src.get("origin", "any") not in ("any", "none"):
+        raise ConfigError("source.origin must be 'any' or 'none'", key="source.origin")
+    for key in ("status_interval", "connect_timeout", "reconnect_max_backoff"):
+        if key in src:
+            src[key] = float(src[key])
+            if src[key] <= 0:
+                raise ConfigError(f"source.{key} must be positive", key=f"source.{key}")
+    source = SourceConfig(**src)
+
+    sink_raw = dict(raw.get("sink", {}))
+    sink = SinkConfig(
+        catalog_name=sink_raw.get("catalog_name", "sparkapply"),
+        catalog=_str_table("sink.catalog", sink_raw.get("catalog", {})),
+        tables=_str_table("sink.tables", sink_raw.get("tables", {})),
+    )
+    for pg_name, ice_name in sink.tables.items():
+        for name, key in ((pg_name, "key"), (ice_name, "value")):
+            if name.count(".") != 1:
+                raise ConfigError(
+                    f"sink.tables {key} {name!r} must be 'schema.table'",
+                    key=f"sink.tables.{pg_name}",
+                )
+    spark_raw = dict(raw.get("spark", {}))
+    spark = SparkConfig(
+        master=spark_raw.get("master", "local[*]"),
+        app_name=spark_raw.get("app_name", "sparkapply"),
+        conf=_str_table("spark.conf", spark_raw.get("conf", {})),
+    )
+    apply_raw = dict(raw.get("apply", {}))
+    if "batch_linger" in apply_raw:
+        apply_raw["batch_linger"] = float(apply_raw["batch_linger"])
+    for key, value in apply_raw.items():
+        if value <= 0 and key != "batch_linger":
+            raise ConfigError(f"apply.{key} must be positive", key=f"apply.{key}")
+    apply = ApplyConfig(**apply_raw)
+    work_dir = Path(raw.get("work_dir", ".sparkapply")).expanduser().absolute()
+    return Config(source=source, work_dir=work_dir, sink=sink, spark=spark, apply=apply)

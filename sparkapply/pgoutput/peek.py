@@ -1,0 +1,31 @@
+"""Cheap routing reads of change messages: tag, in-stream xid and relation ids.
+
+The driver must know which transaction and relation a change belongs to, but not its
+column values: those are decoded once, on an executor. Full validation of the change
+happens there; here only the fixed-offset header is read (and checked for length).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from sparkapply.errors import ProtocolError
+
+_U32 = struct.Struct("!I")
+_I32 = struct.Struct("!i")
+
+CHANGE_TAGS = frozenset(b"IUD")
+
+
+def peek_change(payload: bytes | memoryview, in_stream: bool) -> tuple[int, int | None, int]:
+    """(tag, xid or None, relation id) of an Insert/Update/Delete payload."""
+    need = 9 if in_stream else 5
+    if len(payload) < need + 3:
+        raise ProtocolError(
+            f"change message too short ({len(payload)} bytes)",
+            tag=chr(payload[0]) if payload else None,
+            offset=len(payload),
+        )
+    if in_stream:
+        return payload[0], _U32.unpack_from(payload, 1)[0], _U32.unpack_from(payload, 5)[0]
+    return payload[0], None, _U32.unpack_from(payload, 1)[0]

@@ -1,0 +1,1 @@
+"""Batch planning: the dependency graph over a batch's transactions."""

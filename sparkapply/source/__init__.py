@@ -1,0 +1,1 @@
+"""The replication source: connection, slot, START_REPLICATION, feedback."""

@@ -1,0 +1,177 @@
+"""The replication connection: libpq in ``replication=database`` mode via ``psycopg.pq``.
+
+Owns the socket. Runs replication commands, then drives COPY BOTH: ``read_copy_data``
+waits at most ``timeout`` seconds for one CopyData message, ``send_copy_data`` writes
+one. Any libpq failure becomes :class:`ConnectionLostError` (transient) unless the
+server said something an operator must fix. The connection string is never logged.
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Mapping
+
+import psycopg
+from psycopg import pq
+
+from sparkapply.errors import ConnectionLostError, SourceError
+
+# As PostgreSQL's own walreceiver sets them, so the text output of every type is
+# stable and lossless whatever the server's defaults are.
+SESSION_OPTIONS = (
+    "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c TimeZone=UTC"
+)
+
+
+def replication_conninfo(dsn: str, *, connect_timeout: float = 10.0) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    extra = str(params.get("options") or "")
+    return psycopg.conninfo.make_conninfo(
+        dsn,
+        replication="database",
+        client_encoding="UTF8",
+        application_name=str(params.get("application_name") or "sparkapply"),
+        options=(extra + " " + SESSION_OPTIONS).strip(),
+        connect_timeout=str(max(1, int(connect_timeout))),
+    )
+
+
+def describe_dsn(dsn: str) -> str:
+    """host:port/dbname as user; for messages (never the password)."""
+    try:
+        p = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable connection string>"
+    return f"{p.get('host', 'localhost')}:{p.get('port', 5432)}/{p.get('dbname', '?')} as {p.get('user', '?')}"
+
+
+class ReplicationConnection:
+    """One walsender connection. Not thread-safe: the receiving thread owns it."""
+
+    def __init__(self, dsn: str, *, connect_timeout: float = 10.0) -> None:
+        self._where = describe_dsn(dsn)
+        conninfo = replication_conninfo(dsn, connect_timeout=connect_timeout)
+        pgconn = pq.PGconn.connect(conninfo.encode())
+        if pgconn.status != pq.ConnStatus.OK:
+            msg = pgconn.error_message.decode(errors="replace").strip()
+            pgconn.finish()
+            raise ConnectionLostError(
+                f"cannot open a replication connection to {self._where}: {msg}",
+                hint="check [source] dsn, pg_hba.conf (a 'replication' line is not needed "
+                "for replication=database) and that the user has the REPLICATION attribute",
+            )
+        self._pgconn = pgconn
+        self.server_version: int = pgconn.server_version
+        self._in_copy = False
+
+    @property
+    def where(self) -> str:
+        return self._where
+
+    def close(self) -> None:
+        if self._pgconn is not None:
+            self._pgconn.finish()
+
+    def __enter__(self) -> ReplicationConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- commands --------------------------------------------------------------------
+
+    def execute(self, command: str) -> list[dict[str, str | None]]:
+        """Run one command (replication or SQL) and return its rows as text."""
+        res = self._pgconn.exec_(command.encode())
+        status = res.status
+        if status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY):
+            return []
+        if status != pq.ExecStatus.TUPLES_OK:
+            self._raise_from(res, command.split(" ", 1)[0])
+        names = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
+        rows = []
+        for r in range(res.ntuples):
+            row: dict[str, str | None] = {}
+            for c, name in enumerate(names):
+                v = res.get_value(r, c)
+                row[name] = None if v is None else bytes(v).decode()
+            rows.append(row)
+        return rows
+
+    def _raise_from(self, res: pq.abc.PGresult, what: str) -> None:
+        msg = (res.error_message or self._pgconn.error_message).decode(errors="replace").strip()
+        sqlstate = res.error_field(pq.DiagnosticField.SQLSTATE)
+        code = sqlstate.decode() if sqlstate else ""
+        if self._pgconn.status != pq.ConnStatus.OK or code.startswith("08"):
+            raise ConnectionLostError(f"{what} on {self._where} failed: {msg}")
+        raise SourceError(f"{what} on {self._where} failed: {msg}", sqlstate=code or None)
+
+    def start_copy_both(self, command: str) -> None:
+        self._pgconn.send_query(command.encode())
+        res = self._pgconn.get_result()
+        if res is None or res.status != pq.ExecStatus.COPY_BOTH:
+            if res is None:
+                raise ConnectionLostError(f"no answer to START_REPLICATION from {self._where}")
+            self._raise_from(res, "START_REPLICATION")
+        self._pgconn.nonblocking = 1
+        self._in_copy = True
+
+    # -- COPY BOTH -------------------------------------------------------------------
+
+    def read_copy_data(self, timeout: float) -> memoryview | None:
+        """One CopyData payload, or None if nothing arrived within ``timeout`` s."""
+        nbytes, data = self._get()
+        if nbytes > 0:
+            return data
+        if nbytes == 0 and timeout > 0:
+            ready, _, _ = select.select([self._pgconn.socket], [], [], timeout)
+            if ready:
+                self._consume()
+                nbytes, data = self._get()
+                if nbytes > 0:
+                    return data
+        if nbytes == -1:
+            self._copy_ended()
+        return None
+
+    def _get(self) -> tuple[int, memoryview]:
+        try:
+            nbytes, data = self._pgconn.get_copy_data(1)
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"replication stream from {self._where} broke: {exc}") from exc
+        if nbytes == -2:
+            raise ConnectionLostError(
+                "replication stream from "
+                f"{self._where} broke: {self._pgconn.error_message.decode(errors='replace')}"
+            )
+        return nbytes, data
+
+    def _consume(self) -> None:
+        try:
+            self._pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"replication stream from {self._where} broke: {exc}") from exc
+
+    def _copy_ended(self) -> None:
+        self._in_copy = False
+        res = self._pgconn.get_result()
+        if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
+            self._raise_from(res, "replication stream")
+        raise ConnectionLostError(f"the server ended the replication stream ({self._where})")
+
+    def send_copy_data(self, payload: bytes) -> None:
+        try:
+            self._pgconn.put_copy_data(payload)
+            while self._pgconn.flush() == 1:
+                select.select([], [self._pgconn.socket], [], 1.0)
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"cannot write to {self._where}: {exc}") from exc
+
+
+def server_settings(conn: ReplicationConnection, names: Mapping[str, str]) -> dict[str, str]:
+    """``SHOW`` each setting (the replication protocol accepts SHOW)."""
+    out = {}
+    for key, name in names.items():
+        rows = conn.execute(f"SHOW {name}")
+        out[key] = str(next(iter(rows[0].values()))) if rows else ""
+    return out

@@ -1,0 +1,160 @@
+"""Preflight against the publisher: version, wal_level, publications, replica identity, slot.
+
+Each check fails with an operator error that names what is wrong and how to fix it,
+before anything is streamed or acknowledged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from sparkapply.errors import PublicationError, ReplicaIdentityError, SlotError, SourceError
+from sparkapply.lsn import Lsn
+from sparkapply.source.connection import ReplicationConnection, describe_dsn
+from sparkapply.source.negotiation import Protocol, create_slot_command, negotiate
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedTable:
+    schema: str
+    name: str
+    columns: tuple[str, ...]
+    row_filter: str | None
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    name: str
+    confirmed_flush: Lsn
+    two_phase: bool
+    created: bool
+    consistent_point: Lsn | None = None
+    snapshot_name: str | None = None
+
+
+def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, list[PublishedTable]]:
+    """Version, wal_level, publications and the published tables' replica identity."""
+    where = describe_dsn(dsn)
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise SourceError(
+            f"cannot connect to the publisher {where}: {str(exc).strip()}",
+            hint="check [source] dsn",
+        ) from exc
+    with conn:
+        protocol = negotiate(conn.info.server_version)
+        wal_level = conn.execute("SHOW wal_level").fetchone()
+        if not wal_level or wal_level[0] != "logical":
+            raise SourceError(
+                f"the publisher {where} has wal_level={wal_level[0] if wal_level else '?'}, "
+                "logical replication needs wal_level=logical",
+                hint="ALTER SYSTEM SET wal_level = logical; then restart the server",
+            )
+        found = {
+            r[0]
+            for r in conn.execute(
+                "SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)", (list(publications),)
+            )
+        }
+        missing = [p for p in publications if p not in found]
+        if missing:
+            raise PublicationError(
+                f"publication {', '.join(repr(m) for m in missing)} does not exist on {where}",
+                hint="CREATE PUBLICATION <name> FOR TABLE ... (or FOR ALL TABLES) on the "
+                "publisher, or fix [source] publication",
+            )
+        rows = conn.execute(
+            """
+            SELECT DISTINCT pt.schemaname, pt.tablename, pt.attnames, pt.rowfilter,
+                   c.relreplident,
+                   EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid
+                           AND (i.indisprimary OR i.indisreplident))
+            FROM pg_publication_tables pt
+            JOIN pg_namespace n ON n.nspname = pt.schemaname
+            JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+            WHERE pt.pubname = ANY(%s)
+            ORDER BY 1, 2
+            """,
+            (list(publications),),
+        ).fetchall()
+    tables = []
+    for schema, name, attnames, rowfilter, replident, has_index in rows:
+        if replident == "n" or (replident in ("d", "i") and not has_index):
+            raise ReplicaIdentityError(
+                f"published table {schema}.{name} has no replica identity, so its updates "
+                "and deletes cannot be applied by key",
+                relation=f"{schema}.{name}",
+                hint=f'ALTER TABLE "{schema}"."{name}" ADD PRIMARY KEY (...), or '
+                "REPLICA IDENTITY FULL",
+            )
+        tables.append(PublishedTable(schema, name, tuple(attnames or ()), rowfilter))
+    return protocol, tables
+
+
+def ensure_slot(
+    conn: ReplicationConnection,
+    slot: str,
+    *,
+    create: bool,
+    two_phase: bool,
+    snapshot: str = "nothing",
+) -> SlotInfo:
+    """Find the slot (pgoutput, this database, not in use) or create it."""
+    rows = conn.execute(
+        "SELECT plugin, slot_type, database, active_pid, confirmed_flush_lsn, two_phase "
+        f"FROM pg_replication_slots WHERE slot_name = {_literal(slot)}"
+    )
+    if rows:
+        row = rows[0]
+        db = conn.execute("SELECT current_database() AS db")[0]["db"]
+        if row["slot_type"] != "logical" or row["plugin"] != "pgoutput":
+            raise SlotError(
+                f"replication slot {slot!r} exists but is a {row['slot_type']} slot of plugin "
+                f"{row['plugin']!r}; sparkapply needs a logical pgoutput slot",
+                hint="choose another [source] slot name or drop that slot",
+            )
+        if row["database"] != db:
+            raise SlotError(
+                f"replication slot {slot!r} belongs to database {row['database']!r}, "
+                f"not {db!r}",
+                hint="point [source] dsn at the slot's database or choose another slot",
+            )
+        if row["active_pid"]:
+            raise SlotError(
+                f"replication slot {slot!r} is in use by process {row['active_pid']}",
+                hint="stop the other consumer of this slot (another sparkapply?)",
+            )
+        return SlotInfo(
+            name=slot,
+            confirmed_flush=Lsn(row["confirmed_flush_lsn"] or "0/0"),
+            two_phase=row["two_phase"] == "t",
+            created=False,
+        )
+    if not create:
+        raise SlotError(
+            f"replication slot {slot!r} does not exist",
+            hint="set [source] create_slot = true, or create it with "
+            "pg_create_logical_replication_slot(name, 'pgoutput', false, true)",
+        )
+    res = conn.execute(create_slot_command(slot, two_phase=two_phase, snapshot=snapshot))
+    point = Lsn(res[0]["consistent_point"] or "0/0")
+    return SlotInfo(
+        name=slot,
+        confirmed_flush=point,
+        two_phase=two_phase,
+        created=True,
+        consistent_point=point,
+        snapshot_name=res[0].get("snapshot_name"),
+    )
+
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
