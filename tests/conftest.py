@@ -97,3 +97,20 @@ def pg_dsn(pg_server: PgServer) -> Iterator[str]:
         yield pg_server.dsn(name)
     finally:
         pg_server.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark session for the whole run (2 cores)."""
+    from sparkapply.apply.session import get_session
+
+    session = get_session("local[2]", "sparkapply-tests", {"spark.driver.memory": "2g"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture()
+def mirror(pg_dsn: str, tmp_path: Path, spark: object) -> object:
+    from tests.mirror import Mirror
+
+    return Mirror(pg_dsn, tmp_path / "work", spark)

@@ -1,0 +1,209 @@
+"""Apply one batch of committed transactions: tables, one Spark job, one commit per table.
+
+ORDERING
+    The batch's transactions are in source commit order. Per table they form a chain
+    (see :mod:`sparkapply.plan.graph`); one Spark task folds a table's chain and writes
+    its files; the driver commits one snapshot per table stamped with the commit LSN
+    of the last transaction it contains.
+
+FAILURE AND RESTART
+    Nothing is acknowledged until every table of the batch has committed. A crash
+    between two tables' commits leaves them at different applied LSNs; on restart the
+    server re-sends from the slot's confirmed position and each table skips the
+    transactions at or below its own applied LSN, so nothing is applied twice.
+    A failed task or commit removes the files the batch wrote (orphans) and raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+from sparkapply.apply.driver import run_tasks
+from sparkapply.apply.fold import TxnInput
+from sparkapply.apply.tasks import TableResult, TableTask
+from sparkapply.changes.transaction import CommittedTxn
+from sparkapply.convert.schema import iceberg_schema_for, plan_evolution
+from sparkapply.errors import SparkapplyError
+from sparkapply.lsn import Lsn
+from sparkapply.pgoutput import messages as m
+from sparkapply.plan.graph import dependency_graph, table_lanes
+from sparkapply.sink.arrow import arrow_schema_of
+from sparkapply.sink.commit import commit_files
+from sparkapply.sink.files import current_data_files, current_snapshot_id, remove_orphans
+from sparkapply.sink.progress import applied_lsn
+from sparkapply.sink.tables import apply_evolution, data_directory, ensure_table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class BatchStats:
+    transactions: int = 0
+    changes: int = 0
+    tables: int = 0
+    rows_written: int = 0
+    rows_removed: int = 0
+    skipped: int = 0
+    results: list[TableResult] = field(default_factory=list)
+
+
+def _full_identity(rel: m.Relation) -> m.Relation:
+    """REPLICA IDENTITY FULL flags every column as key; it has no key to index by."""
+    if rel.replica_identity != "f":
+        return rel
+    cols = tuple(
+        m.RelationColumn(0, c.name, c.type_oid, c.type_modifier) for c in rel.columns
+    )
+    return m.Relation(rel.xid, rel.relation_id, rel.namespace, rel.name, rel.replica_identity, cols)
+
+
+class Applier:
+    def __init__(
+        self,
+        spark: SparkSession,
+        catalog: object,
+        *,
+        table_map: dict[str, str] | None = None,
+        proto_version: int = 4,
+        streaming: str = "parallel",
+    ) -> None:
+        self.spark = spark
+        self.catalog = catalog
+        self.table_map = table_map or {}
+        self.proto_version = proto_version
+        self.streaming = streaming
+        self._tables: dict[tuple[str, str], object] = {}
+        self._applied: dict[tuple[str, str], Lsn] = {}
+
+    def identifier(self, rel: m.Relation) -> tuple[str, str]:
+        schema = rel.namespace or "pg_catalog"
+        mapped = self.table_map.get(f"{schema}.{rel.name}")
+        if mapped:
+            ns, name = mapped.split(".", 1)
+            return ns, name
+        return schema, rel.name
+
+    def applied(self, ident: tuple[str, str]) -> Lsn:
+        return self._applied.get(ident, Lsn(0))
+
+    def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
+        stats = BatchStats(transactions=len(batch))
+        # Relation versions in apply order, and which table each relation id is.
+        versions: dict[tuple[str, str], list[tuple[m.Relation, Lsn]]] = {}
+        relid_table: dict[int, tuple[str, str]] = {}
+        for txn in batch:
+            for rel in [*txn.relations.values(), *txn.relation_messages]:
+                ident = self.identifier(rel)
+                relid_table[rel.relation_id] = ident
+                seen = versions.setdefault(ident, [])
+                if not seen or seen[-1][0].columns != rel.columns or (
+                    seen[-1][0].replica_identity != rel.replica_identity
+                ):
+                    seen.append((rel, txn.commit_lsn))
+        graph = dependency_graph(batch, lambda rid: ".".join(relid_table[rid]))
+        lanes = table_lanes(graph)
+
+        tasks: list[TableTask] = []
+        planned: dict[str, tuple[object, int | None]] = {}
+        for ident, rels in versions.items():
+            table = self._table(ident, rels)
+            applied = self.applied(ident)
+            name = ".".join(ident)
+            ordinals = [o for o in lanes.get(name, []) if batch[o].commit_lsn > applied]
+            stats.skipped += len(lanes.get(name, [])) - len(ordinals)
+            if not ordinals:
+                continue
+            relids = frozenset(rid for rid, t in relid_table.items() if t == ident)
+            latest = _full_identity(rels[-1][0])
+            key_names = tuple(c.name for c in latest.columns if c.is_key)
+            txns = tuple(
+                TxnInput(
+                    ordinal=o,
+                    xid=batch[o].xid,
+                    commit_lsn=int(batch[o].commit_lsn),
+                    segments=batch[o].segments,
+                    relations=tuple(
+                        r for rid, r in batch[o].relations.items() if rid in relids
+                    ),
+                )
+                for o in ordinals
+            )
+            tasks.append(
+                TableTask(
+                    table=name,
+                    relation_ids=relids,
+                    keyed=bool(key_names),
+                    key_names=key_names,
+                    txns=txns,
+                    schema=arrow_schema_of(table),  # type: ignore[arg-type]
+                    data_files=tuple(f.path for f in current_data_files(table)),  # type: ignore[arg-type]
+                    data_dir=data_directory(table),  # type: ignore[arg-type]
+                    proto_version=self.proto_version,
+                    streaming=self.streaming,
+                )
+            )
+            planned[name] = (table, current_snapshot_id(table))  # type: ignore[arg-type]
+        stats.tables = len(tasks)
+        results = run_tasks(self.spark, tasks)
+        failed = [r for r in results if r.error is not None]
+        if failed:
+            for r in results:
+                table, _ = planned[r.table]
+                remove_orphans(table, r.added)  # type: ignore[arg-type]
+            err = failed[0].error
+            assert err is not None
+            raise err
+        for r in results:
+            table, base = planned[r.table]
+            ident = tuple(r.table.split(".", 1))
+            try:
+                commit_files(
+                    table,  # type: ignore[arg-type]
+                    added=r.added,
+                    removed=r.removed,
+                    truncate=r.truncated,
+                    lsn=Lsn(r.last_commit_lsn),
+                    base_snapshot_id=base,
+                )
+            except SparkapplyError:
+                remove_orphans(table, r.added)  # type: ignore[arg-type]
+                raise
+            self._applied[ident] = Lsn(r.last_commit_lsn)  # type: ignore[index]
+            self._tables.pop(ident, None)  # type: ignore[arg-type]
+            stats.changes += r.n_changes
+            stats.rows_written += r.rows_written
+            stats.rows_removed += r.rows_removed
+        stats.results = results
+        return stats
+
+    def _table(self, ident: tuple[str, str], rels: list[tuple[m.Relation, Lsn]]) -> object:
+        table = self._tables.get(ident)
+        if table is None:
+            first = _full_identity(rels[0][0])
+            table = ensure_table(self.catalog, ident, iceberg_schema_for(first))  # type: ignore[arg-type]
+            if ident not in self._applied:
+                self._applied[ident] = applied_lsn(table) or Lsn(0)  # type: ignore[arg-type]
+        for rel, lsn in rels:
+            plan = plan_evolution(table.schema(), _full_identity(rel), lsn=lsn)  # type: ignore[attr-defined]
+            if plan.requires_update:
+                apply_evolution(
+                    table,  # type: ignore[arg-type]
+                    add_columns=[(a.name, a.field_type) for a in plan.add],
+                    widen=[(w.path[0], w.new_type) for w in plan.widen if len(w.path) == 1],
+                    identifier_fields=(
+                        list(plan.identifier_field_names) if plan.identifier_changed else None
+                    ),
+                    lsn=Lsn(lsn),
+                )
+                table = self.catalog.load_table(ident)  # type: ignore[attr-defined]
+        self._tables[ident] = table
+        return table
+
+    def ensure_tables(self, relations: Sequence[m.Relation]) -> None:
+        """Create the Iceberg tables of relations before any change arrives for them."""
+        for rel in relations:
+            self._table(self.identifier(rel), [(rel, Lsn(0))])

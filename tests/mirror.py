@@ -1,0 +1,140 @@
+"""Test support for end-to-end runs: run the subscriber, compare Iceberg to PostgreSQL.
+
+Comparison is row by row over the publisher's current columns, after normalising
+each side's Python values to one comparable form (the documented type mapping:
+json/jsonb/unconstrained numeric/user types are text in Iceberg, NaN is NaN).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import math
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from sparkapply.config import Config, load_config
+from sparkapply.subscriber import RunSummary, Subscriber
+
+
+def make_config(dsn: str, work_dir: Path, publication: str = "pub", **source: Any) -> Config:
+    return load_config(
+        None,
+        env={},
+        overrides={
+            "work_dir": str(work_dir),
+            "source": {"dsn": dsn, "publication": publication, "slot": "s", **source},
+            "sink": {
+                "catalog": {
+                    "type": "sql",
+                    "uri": f"sqlite:///{work_dir}/catalog.db",
+                    "warehouse": f"file://{work_dir}/warehouse",
+                }
+            },
+            "apply": {"batch_linger": 0.2},
+        },
+    )
+
+
+class Mirror:
+    """One subscriber configuration against one test database."""
+
+    def __init__(self, dsn: str, work_dir: Path, spark: Any, **source: Any) -> None:
+        self.dsn = dsn
+        self.config = make_config(dsn, work_dir, **source)
+        self.spark = spark
+        self.catalog: Any = None
+
+    def run(self) -> RunSummary:
+        sub = Subscriber(self.config, spark=self.spark, catalog=self.catalog)
+        summary = sub.run(until_caught_up=True)
+        self.catalog = sub._catalog
+        return summary
+
+    def sql(self, *statements: str, autocommit: bool = True) -> None:
+        with psycopg.connect(self.dsn, autocommit=autocommit) as conn:
+            for s in statements:
+                conn.execute(s)  # type: ignore[arg-type]
+
+    def iceberg_rows(self, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        from sparkapply.sink.read import read_table
+
+        ns, name = table.split(".")
+        arrow = read_table(self.catalog.load_table((ns, name)))
+        return arrow.column_names, [tuple(r.values()) for r in arrow.to_pylist()]
+
+    def pg_rows(self, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        schema, name = table.split(".")
+        with psycopg.connect(self.dsn) as conn:
+            cur = conn.execute(
+                sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+            )
+            cols = [d.name for d in cur.description or []]
+            return cols, list(cur.fetchall())
+
+    def assert_mirrored(self, *tables: str) -> None:
+        for table in tables:
+            pg_cols, pg = self.pg_rows(table)
+            ice_cols, ice = self.iceberg_rows(table)
+            missing = [c for c in pg_cols if c not in ice_cols]
+            assert not missing, f"{table}: columns {missing} missing in Iceberg"
+            idx = [ice_cols.index(c) for c in pg_cols]
+            left = sorted((_row(r) for r in pg), key=repr)
+            right = sorted((_row(tuple(r[i] for i in idx)) for r in ice), key=repr)
+            assert len(left) == len(right), f"{table}: {len(left)} rows in PG, {len(right)} in Iceberg"
+            for a, b in zip(left, right, strict=True):
+                assert a == b, f"{table}: row differs\n  postgres: {a}\n  iceberg:  {b}"
+
+
+def _row(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(normalize(v) for v in values)
+
+
+def normalize(v: Any) -> Any:
+    """One comparable form for a value read from either side."""
+    if v is None:
+        return None
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        return v
+    if isinstance(v, decimal.Decimal):
+        if v.is_nan():
+            return "NaN"
+        return ("dec", v.normalize() if v.is_finite() else v)
+    if isinstance(v, uuid.UUID):
+        return str(v)
+    if isinstance(v, bytes | bytearray | memoryview):
+        b = bytes(v)
+        if len(b) == 16:
+            try:
+                return str(uuid.UUID(bytes=b))
+            except ValueError:
+                pass
+        return b
+    if isinstance(v, dict):
+        return ("json", json.dumps(v, sort_keys=True))
+    if isinstance(v, list):
+        return tuple(normalize(x) for x in v)
+    if isinstance(v, dt.datetime) and v.tzinfo is not None:
+        return v.astimezone(dt.UTC)
+    if isinstance(v, str):
+        s = v.strip()
+        if s[:1] in "{[" and s[-1:] in "}]":
+            try:
+                return ("json", json.dumps(json.loads(s), sort_keys=True))
+            except ValueError:
+                return v
+        try:
+            d = decimal.Decimal(s)
+        except decimal.InvalidOperation:
+            return v
+        if s.replace(".", "").replace("-", "").isdigit() or s in ("NaN",):
+            return "NaN" if d.is_nan() else ("dec", d.normalize())
+        return v
+    return v
