@@ -106,7 +106,7 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
         log.info("running the workload (%d-row bulk load, updates, deletes, 2PC)", rows)
         _workload(dsn, rows)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         target = Lsn.parse(row[0]) if row else Lsn(0)
         while thread.is_alive() and sub.summary.flushed < target:
             time.sleep(0.5)

@@ -88,8 +88,10 @@ class Subscriber:
         return self._spark, self._catalog
 
     def _target_lsn(self) -> Lsn:
+        # The insert position, not pg_current_wal_lsn(): with synchronous_commit off a
+        # committed transaction's record may not be written yet.
         with psycopg.connect(self.config.source.dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         assert row is not None
         return Lsn.parse(row[0])
 

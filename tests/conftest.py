@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,13 +82,17 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
     if dsn:
         yield PgServer(dsn, None)
         return
-    data_dir: Path = tmp_path_factory.mktemp("pg") / "data"
-    server = EmbeddedPostgres(data_dir, settings=TEST_SETTINGS)
+    # Not under pytest's basetemp: pytest resets that to mode 0700, and the server runs
+    # as another user when the tests run as root.
+    root = Path(tempfile.mkdtemp(prefix="sparkapply-test-pg-"))
+    os.chmod(root, 0o755)
+    server = EmbeddedPostgres(root / "data", settings=TEST_SETTINGS)
     server.start()
     try:
         yield PgServer(server.dsn(), server)
     finally:
         server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture()

@@ -99,9 +99,9 @@ class TableDelta:
     truncated: bool = False
     # keyed mode
     rows: dict[Key, Row | None] = field(default_factory=dict)  # None = deleted
-    # Pre-batch keys whose rows must be removed (deleted or moved or replaced).
-    remove_keys: set[Key] = field(default_factory=set)
-    remove_key_layout: Layout | None = None
+    # Pre-batch keys whose rows must be removed (deleted, moved or replaced), with the
+    # layout their text was read with (key types can change mid-batch).
+    remove_keys: dict[Key, Layout] = field(default_factory=dict)
     # full mode: rows to add and pre-batch rows to remove (by full image)
     inserts: list[Row] = field(default_factory=list)
     removes: Counter[tuple[Layout, Key]] = field(default_factory=Counter)
@@ -212,13 +212,13 @@ def _apply_keyed(delta: TableDelta, layout: Layout, msg: m.Message) -> None:
             delta.rows[key] = Row(layout, values)
             return
         delta.rows[key] = Row(layout, values)
-        delta.remove_keys.add(key)  # harmless if absent; exact if a stale row exists
-        delta.remove_key_layout = delta.remove_key_layout or layout
+        delta.remove_keys[key] = layout  # harmless if absent; exact if a stale row exists
         return
-    delta.only_inserts = False
-    if delta.remove_key_layout is None:
-        delta.remove_key_layout = layout
-        delta.remove_keys.update(delta.rows.keys())
+    if delta.only_inserts:
+        delta.only_inserts = False
+        for key, row in delta.rows.items():
+            if row is not None:
+                delta.remove_keys[key] = row.layout
     if isinstance(msg, m.Update):
         new_values = _values(msg.new)
         new_key = _key(layout, new_values)
@@ -236,13 +236,13 @@ def _apply_keyed(delta: TableDelta, layout: Layout, msg: m.Message) -> None:
                 source_key = old_key  # read it from the pre-batch row
         if old_key != new_key:
             delta.rows[old_key] = None
-            delta.remove_keys.add(old_key)
+            delta.remove_keys.setdefault(old_key, layout)
         delta.rows[new_key] = Row(layout, new_values, source_key)
-        delta.remove_keys.add(new_key)
+        delta.remove_keys.setdefault(new_key, layout)
     elif isinstance(msg, m.Delete):
         key = _key(layout, _values(msg.old))
         delta.rows[key] = None
-        delta.remove_keys.add(key)
+        delta.remove_keys.setdefault(key, layout)
 
 
 _MISSING = object()

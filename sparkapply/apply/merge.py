@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -134,15 +134,20 @@ def rows_to_arrow(rows: Sequence[Row], schema: pa.Schema) -> tuple[pa.Table, dic
     return table, remapped
 
 
-def keys_to_canonical(keys: Iterable[Key], layout: Layout, schema: pa.Schema) -> pa.Array:
+def keys_to_canonical(keys: Mapping[Key, Layout], schema: pa.Schema) -> dict[Key, bytes]:
     """Canonical keys of text key tuples, via the same typed path as table rows."""
-    keys = list(keys)
-    cols = []
-    for j, ci in enumerate(layout.key_idx):
-        f = schema.field(layout.names[ci])
-        arr = to_arrow(_ctype(layout, ci), [k[j] for k in keys])
-        cols.append(arr.cast(f.type) if arr.type != f.type else arr)
-    return canonical_keys(cols)
+    by_layout: dict[Layout, list[Key]] = defaultdict(list)
+    for key, layout in keys.items():
+        by_layout[layout].append(key)
+    out: dict[Key, bytes] = {}
+    for layout, group in by_layout.items():
+        cols = []
+        for j, ci in enumerate(layout.key_idx):
+            f = schema.field(layout.names[ci])
+            arr = to_arrow(_ctype(layout, ci), [k[j] for k in group])
+            cols.append(arr.cast(f.type) if arr.type != f.type else arr)
+        out.update(zip(group, canonical_keys(cols).to_pylist(), strict=True))
+    return out
 
 
 def apply_delta(
@@ -183,12 +188,11 @@ def _rewrite_keyed(
     writer: TableWriter,
     result: WriteResult,
 ) -> None:
-    layout = delta.remove_key_layout
-    assert layout is not None
-    remove = keys_to_canonical(delta.remove_keys, layout, schema) if delta.remove_keys else None
-    sources: list[Key] = sorted({r.source_key for r in upserts if r.source_key is not None},
-                                key=repr)
-    source_canon = keys_to_canonical(sources, layout, schema) if sources else None
+    canon_of = keys_to_canonical(delta.remove_keys, schema)
+    remove = pa.array(list(set(canon_of.values())), pa.binary()) if canon_of else None
+    # Every source key is also a removed key (the row it names is replaced).
+    sources = {canon_of[r.source_key] for r in upserts if r.source_key is not None}
+    source_canon = pa.array(list(sources), pa.binary()) if sources else None
     found: dict[bytes, dict[str, object]] = {}
     fill_cols = sorted(unchanged)
     for path in data_files:
@@ -215,8 +219,7 @@ def _rewrite_keyed(
                 result.added.append(writer.write(kept))
                 result.rows_written += kept.num_rows
     if unchanged:
-        table = _fill_unchanged(table, upserts, unchanged, found, layout, schema, source_canon,
-                                sources)
+        table = _fill_unchanged(table, upserts, unchanged, found, schema, canon_of)
     if table.num_rows:
         result.added.append(writer.write(table))
         result.rows_written += table.num_rows
@@ -227,12 +230,9 @@ def _fill_unchanged(
     upserts: Sequence[Row],
     unchanged: dict[str, list[int]],
     found: dict[bytes, dict[str, object]],
-    layout: Layout,
     schema: pa.Schema,
-    source_canon: pa.Array | None,
-    sources: list[Key],
+    canon_of: Mapping[Key, bytes],
 ) -> pa.Table:
-    canon_of = dict(zip(sources, source_canon.to_pylist(), strict=True)) if source_canon else {}
     for name, idxs in unchanged.items():
         values = table.column(name).to_pylist()
         for i in idxs:
