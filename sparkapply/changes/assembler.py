@@ -29,11 +29,13 @@ TWO-PHASE
     position; Rollback Prepared deletes it (unknown xid: no-op).
 
 RELATION CACHE
-    RELATION messages describe a table as of their position in *apply* order. Streamed
-    transactions are applied at their commit, so their RELATION messages are applied to
-    the cache then, not when received. Each committed transaction carries the cache
-    entries of the relations it touches as of its start, plus its own RELATION
-    messages; the executor replays those in place.
+    pgoutput sends a RELATION once per connection before the first change that needs
+    it, except inside streamed transactions, where it is sent again per transaction.
+    So the RELATION messages of ordinary and (non-streamed) prepared transactions take
+    effect when received, and those of a streamed transaction when it commits. Each
+    transaction records, for every relation it touches, the cache entry in effect at
+    its first change to it; with its own RELATION messages (replayed in place by the
+    executor) that describes every change it holds.
 
 Change messages (I/U/D) are only peeked here (xid and relation id); their tuples are
 decoded on executors.
@@ -74,6 +76,10 @@ class _OpenTxn:
     # (offset, payload, in_stream) of RELATION/TYPE records, for subxact truncation.
     catalog_records: list[tuple[int, bytes, bool]] = field(default_factory=list)
     subxacts: list[tuple[int, int]] = field(default_factory=list)  # (subxid, offset)
+    subxact_ids: set[int] = field(default_factory=set)
+    # Cache entries in effect when the transaction first touched each relation.
+    start_relations: dict[int, m.Relation] = field(default_factory=dict)
+    streamed: bool = False
     n_changes: int = 0
     has_truncate: bool = False
     prepare: m.BeginPrepare | None = None  # set for Begin Prepare … Prepare
@@ -177,7 +183,8 @@ class Assembler:
             if msg.xid is not None:
                 self._note_subxact(txn, msg.xid)
             txn.writer.append(payload, msg.xid is not None)
-            txn.relation_ids.update(msg.relation_ids)
+            for relid in msg.relation_ids:
+                self._touch(txn, relid)
             txn.has_truncate = True
             txn.n_changes += 1
         elif isinstance(msg, m.Begin):
@@ -228,8 +235,16 @@ class Assembler:
     @staticmethod
     def _note_subxact(txn: _OpenTxn, xid: int) -> None:
         # Called before appending a change of ``xid``: remember where it starts.
-        if xid != txn.xid and not any(s == xid for s, _ in txn.subxacts):
+        if xid != txn.xid and xid not in txn.subxact_ids:
+            txn.subxact_ids.add(xid)
             txn.subxacts.append((xid, txn.writer.offset))
+
+    def _touch(self, txn: _OpenTxn, relid: int) -> None:
+        if relid not in txn.start_relations:
+            rel = self.relations.get(relid)
+            if rel is not None:
+                txn.start_relations[relid] = rel
+        txn.relation_ids.add(relid)
 
     def _change(self, payload: memoryview | bytes) -> None:
         in_stream = self._stream_xid is not None
@@ -243,7 +258,8 @@ class Assembler:
                 raise ProtocolError("change message outside a transaction", tag=chr(tag))
             txn = self._current
         txn.writer.append(payload, in_stream)
-        txn.relation_ids.add(relid)
+        if relid not in txn.relation_ids:
+            self._touch(txn, relid)
         txn.n_changes += 1
 
     def _catalog(self, msg: m.Relation | m.Type, payload: memoryview | bytes) -> None:
@@ -262,7 +278,12 @@ class Assembler:
         offset = txn.writer.append(payload, in_stream)
         txn.catalog_records.append((offset, bytes(payload), in_stream))
         if isinstance(msg, m.Relation):
-            txn.relation_messages.append(replace(msg, xid=None))
+            rel = replace(msg, xid=None)
+            txn.relation_messages.append(rel)
+            if not in_stream:
+                self.relations[rel.relation_id] = rel  # takes effect now (see RELATION CACHE)
+        elif not in_stream:
+            self.types[msg.type_oid] = msg
 
     def _begin(self, xid: int, prepare: m.BeginPrepare | None = None) -> None:
         if self._current is not None:
@@ -297,7 +318,7 @@ class Assembler:
                 txn.writer.close()
             writer = SpoolWriter(self.spool_dir / f"stream-{msg.xid}-{next(self._seq)}.spool")
             writer.truncate(0)
-            txn = _OpenTxn(msg.xid, writer, 0)
+            txn = _OpenTxn(msg.xid, writer, 0, streamed=True)
             self._streams[msg.xid] = txn
         self._stream_xid = msg.xid
 
@@ -306,7 +327,7 @@ class Assembler:
         if txn is None:
             # Every chunk of it was for unpublished tables, or it was empty.
             writer = SpoolWriter(self.spool_dir / f"stream-{xid}-{next(self._seq)}.spool")
-            txn = _OpenTxn(xid, writer, 0)
+            txn = _OpenTxn(xid, writer, 0, streamed=True)
         txn.writer.flush()
         return txn
 
@@ -324,6 +345,8 @@ class Assembler:
                 break
         else:
             return  # a subtransaction that changed nothing we were sent
+        for subxid, _ in txn.subxacts[i:]:
+            txn.subxact_ids.discard(subxid)
         del txn.subxacts[i:]
         keep = [r for r in txn.catalog_records if r[0] < offset]
         lost = [r for r in txn.catalog_records if r[0] >= offset]
@@ -349,7 +372,9 @@ class Assembler:
             kind=kind,
             segments=(segment,) if segment.nbytes else (),
             relation_ids=frozenset(txn.relation_ids),
+            start_relations=txn.start_relations,
             relation_messages=tuple(txn.relation_messages),
+            apply_own=txn.streamed,
             n_changes=txn.n_changes,
             has_truncate=txn.has_truncate,
             cleanup=cleanup,
@@ -358,10 +383,12 @@ class Assembler:
     def _emit(self, **kw: object) -> None:
         relation_ids: frozenset[int] = kw["relation_ids"]  # type: ignore[assignment]
         own: tuple[m.Relation, ...] = kw["relation_messages"]  # type: ignore[assignment]
-        snapshot = {rid: self.relations[rid] for rid in relation_ids if rid in self.relations}
-        for rel in own:
-            self.relations[rel.relation_id] = rel
-        missing = [rid for rid in relation_ids if rid not in self.relations]
+        snapshot: dict[int, m.Relation] = kw.pop("start_relations")  # type: ignore[assignment]
+        if kw.pop("apply_own"):
+            for rel in own:
+                self.relations[rel.relation_id] = rel
+        described = set(snapshot) | {r.relation_id for r in own}
+        missing = [rid for rid in relation_ids if rid not in described]
         if missing:
             raise StateError(
                 f"changes for relation id(s) {missing} arrived without a RELATION message",
@@ -404,14 +431,16 @@ class Assembler:
             n_changes=txn.n_changes,
             has_truncate=txn.has_truncate,
             relation_ids=frozenset(txn.relation_ids),
-            relation_payloads=tuple(
-                encode(r, proto_version=self.proto_version, streaming=self.streaming)
-                for r in txn.relation_messages
-            ),
+            start_relations=tuple(self._encode(r) for r in txn.start_relations.values()),
+            own_relations=tuple(self._encode(r) for r in txn.relation_messages),
+            streamed=txn.streamed,
             source=segment,
             move=is_stream,
         )
         self.progress.add(end_lsn, done=True)
+
+    def _encode(self, rel: m.Relation) -> bytes:
+        return encode(rel, proto_version=self.proto_version, streaming=self.streaming)
 
     def _commit_prepared(self, msg: m.CommitPrepared) -> None:
         entry = self.prepared.get(msg.xid)
@@ -428,12 +457,17 @@ class Assembler:
 
     def _emit_prepared(self, entry: PreparedEntry, msg: m.CommitPrepared) -> None:
         decoder = Decoder(proto_version=self.proto_version, streaming=self.streaming)
-        own = []
-        for payload in entry.relation_payloads:
-            rel = decoder.decode(payload)
-            if not isinstance(rel, m.Relation):
-                raise StateError(f"staged RELATION of xid {entry.xid} is not a RELATION")
-            own.append(rel)
+
+        def rels(payloads: tuple[bytes, ...]) -> list[m.Relation]:
+            out = []
+            for payload in payloads:
+                rel = decoder.decode(payload)
+                if not isinstance(rel, m.Relation):
+                    raise StateError(f"staged RELATION of xid {entry.xid} is not a RELATION")
+                out.append(rel)
+            return out
+
+        own = rels(entry.own_relations)
         self._emit(
             xid=entry.xid,
             commit_lsn=msg.commit_lsn,
@@ -442,7 +476,9 @@ class Assembler:
             kind="prepared",
             segments=(entry.segment,) if entry.spool_size else (),
             relation_ids=entry.relation_ids,
+            start_relations={r.relation_id: r for r in rels(entry.start_relations)},
             relation_messages=tuple(own),
+            apply_own=entry.streamed,
             n_changes=entry.n_changes,
             has_truncate=entry.has_truncate,
             gid=entry.gid,

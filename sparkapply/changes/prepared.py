@@ -33,9 +33,11 @@ class PreparedEntry:
     relation_ids: frozenset[int]
     spool_path: str
     spool_size: int
-    # RELATION payloads inside the transaction, applied to the relation cache at
-    # COMMIT PREPARED (hex in the JSON).
-    relation_payloads: tuple[bytes, ...]
+    # RELATION payloads (hex in the JSON): the versions in effect when the transaction
+    # first touched each relation, and the ones it carried itself.
+    start_relations: tuple[bytes, ...]
+    own_relations: tuple[bytes, ...]
+    streamed: bool  # its own RELATIONs are streamed-scope: apply them at commit
 
     @property
     def segment(self) -> SpoolSegment:
@@ -69,7 +71,9 @@ class PreparedStore:
         n_changes: int,
         has_truncate: bool,
         relation_ids: frozenset[int],
-        relation_payloads: tuple[bytes, ...],
+        start_relations: tuple[bytes, ...],
+        own_relations: tuple[bytes, ...],
+        streamed: bool,
         source: SpoolSegment,
         move: bool,
     ) -> PreparedEntry:
@@ -104,7 +108,9 @@ class PreparedStore:
             relation_ids=relation_ids,
             spool_path=str(spool),
             spool_size=source.end - source.start,
-            relation_payloads=relation_payloads,
+            start_relations=start_relations,
+            own_relations=own_relations,
+            streamed=streamed,
         )
         tmp = meta.with_suffix(".json.tmp")
         with open(tmp, "w") as f:
@@ -119,7 +125,9 @@ class PreparedStore:
                     "has_truncate": has_truncate,
                     "relation_ids": sorted(relation_ids),
                     "spool_size": entry.spool_size,
-                    "relation_payloads": [p.hex() for p in relation_payloads],
+                    "start_relations": [p.hex() for p in start_relations],
+                    "own_relations": [p.hex() for p in own_relations],
+                    "streamed": streamed,
                 },
                 f,
             )
@@ -154,7 +162,9 @@ class PreparedStore:
             relation_ids=frozenset(raw["relation_ids"]),
             spool_path=str(spool),
             spool_size=raw["spool_size"],
-            relation_payloads=tuple(bytes.fromhex(p) for p in raw["relation_payloads"]),
+            start_relations=tuple(bytes.fromhex(p) for p in raw["start_relations"]),
+            own_relations=tuple(bytes.fromhex(p) for p in raw["own_relations"]),
+            streamed=raw["streamed"],
         )
 
     def remove(self, xid: int) -> None:

@@ -19,7 +19,8 @@ from sparkapply.errors import ConnectionLostError, SourceError
 # As PostgreSQL's own walreceiver sets them, so the text output of every type is
 # stable and lossless whatever the server's defaults are.
 SESSION_OPTIONS = (
-    "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c TimeZone=UTC"
+    "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c TimeZone=UTC "
+    "-c bytea_output=hex"
 )
 
 

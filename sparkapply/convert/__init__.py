@@ -1,0 +1,1 @@
+"""PostgreSQL types and values to Arrow/Iceberg, and schema evolution rules."""

@@ -1,0 +1,379 @@
+"""The commit: one Iceberg snapshot per table per batch, stamped with the source LSN.
+
+THE COMMIT
+
+Executors have written new Parquet files under the table's data directory and tell
+the driver which files they added and which existing files they rewrote (the
+copy-on-write of files whose rows changed). :func:`commit_files` makes exactly one
+snapshot of the table from that: the added files appended, the rewritten files (or,
+for TRUNCATE, all live files) removed. Its summary carries ``sparkapply.lsn``, the
+commit LSN of the last source transaction it contains, and the same metadata commit
+sets the table property ``sparkapply.applied-lsn`` (see ``progress.py``). The
+snapshot is an ``overwrite`` when anything is removed, an ``append`` otherwise.
+
+A batch whose changes to a table cancelled out (insert then delete of the same key)
+still commits: an ``append`` snapshot with no files that records the LSN. It costs a
+manifest list and a metadata file (a few ms), and it is what lets a restart skip those
+transactions without re-reading them. The subscriber should not commit to a table a
+batch did not touch at all: the slot's confirmed flush position already covers it.
+
+WHAT IS DURABLE WHEN (and what a crash at each point leaves)
+
+1. Executors write data files. Crash: unreferenced files under ``data/``; the table
+   is unchanged. Restart replays from the applied LSN and writes new files under new
+   names; the old ones are orphans for an orphan-file sweep (or :func:`remove_orphans`
+   if the caller journaled their paths).
+2. The driver reads the new files' footers (statistics, schema check). No effect.
+3. pyiceberg writes a manifest, a manifest list and a new ``metadata.json`` under
+   ``metadata/``. Crash: unreferenced metadata files, same as 1.
+4. The catalog swaps the table's metadata pointer (one SQL transaction for the SQL
+   catalog; one request for REST). This is the only commit point: before it readers
+   and restarts see the old snapshot and the old applied LSN; after it they see all
+   of the batch for this table and the new LSN. There is no state in between.
+5. Crash after 4, before the flush LSN is acknowledged: the restart reads the new
+   applied LSN and skips the replayed transactions at or below it for this table.
+
+Tables commit one after another, so a crash between two tables' commits leaves them at
+different LSNs; each skips exactly its own applied prefix on replay. The subscriber
+acknowledges at most the smallest applied LSN of the tables a batch touched.
+
+Durability is that of the catalog and the FileIO: a process crash loses nothing
+committed; surviving an OS crash or power loss also needs the metadata and data files
+to be on disk before step 4 (object stores guarantee that; pyiceberg's local FileIO
+does not fsync).
+
+CONCURRENT WRITERS
+
+sparkapply must be the only writer of a table's rows; other tools may compact or
+expire. pyiceberg detects a concurrent commit (its ``AssertRefSnapshotId``), refreshes
+and retries with backoff (``commit.retry.*`` table properties), validating first:
+
+- an ``append`` is retried on top of whatever committed meanwhile; rows it inserts
+  do not depend on the files a compaction rewrote;
+- an ``overwrite`` fails validation if a file it removes is gone or (serializable
+  isolation, the default) any data file was added meanwhile: the executors' plan
+  was made against files that changed.
+
+``base_snapshot_id`` closes the window before the commit starts: when given, the
+table must still be at the snapshot the executors planned against. Every refusal is a
+:class:`CommitConflictError` (transient): re-load the table, re-plan the batch from
+the spool. After a successful commit the parent lineage's LSN is checked again: if
+another writer applied the same or later source transactions meanwhile, a fatal
+:class:`SinkError` says two subscribers write one table.
+
+FAILURE AND ORPHANS
+
+The snapshot id is chosen before the commit and kept across retries, so it tells
+whether a commit whose outcome was unclear (the catalog connection dropped) landed:
+the table is refreshed and looked up. Outcomes:
+
+- success (returned snapshot id);
+- did not land (:class:`CommitConflictError`, or :class:`SinkError` raised before the
+  catalog was asked: a missing or mismatching file): the added files are orphans; the
+  caller may :func:`remove_orphans` them;
+- :class:`CommitOutcomeUnknownError`: do not delete anything; re-load the table and
+  compare :func:`applied_lsn` with the batch LSN (restart does exactly that).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException, parquet_file_to_data_file
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.utils.concurrent import ExecutorFactory
+from pyiceberg.utils.properties import property_as_bool
+
+from sparkapply.errors import ErrorKind, SinkError
+from sparkapply.lsn import Lsn
+from sparkapply.sink.files import live_data_files
+from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
+from sparkapply.sink.tables import table_name
+
+logger = logging.getLogger(__name__)
+
+EXTRA_SUMMARY_PREFIX = "sparkapply."
+
+
+class CommitConflictError(SinkError):
+    """The commit did not land because the table changed under it; re-plan the batch."""
+
+    kind = ErrorKind.TRANSIENT
+
+
+class CommitOutcomeUnknownError(SinkError):
+    """The catalog failed mid-commit; re-load the table to learn whether it landed."""
+
+    kind = ErrorKind.TRANSIENT
+
+
+class _Base(enum.Enum):
+    ANY = "any"
+
+
+ANY_BASE: Literal[_Base.ANY] = _Base.ANY
+"""``base_snapshot_id`` default: commit on top of whatever the table object holds."""
+
+
+def commit_files(
+    table: Table,
+    *,
+    added: Sequence[str],
+    removed: Sequence[str] = (),
+    truncate: bool = False,
+    lsn: Lsn,
+    extra_summary: Mapping[str, str] | None = None,
+    base_snapshot_id: int | Literal[_Base.ANY] | None = ANY_BASE,
+) -> int:
+    """Commit one snapshot of ``table``; return its id. See the module doc.
+
+    ``added``: new Parquet files (no field ids; column names and types matching the
+    table; key columns non-nullable). ``removed``: live data files to drop, spelled
+    as :func:`current_data_files` returns them. ``truncate``: drop every live file
+    (``removed`` is then implied). ``lsn``: the commit LSN of the last source
+    transaction in the snapshot; must be above the table's applied LSN.
+    ``extra_summary``: more summary entries, keys prefixed ``sparkapply.``.
+    ``base_snapshot_id``: the snapshot the executors planned against (None for an
+    empty table); the commit is refused if the table moved on.
+
+    The ``table`` object is updated in place to the committed metadata.
+    """
+    lsn = Lsn(lsn)
+    name = table_name(table)
+    added = [_as_table_uri(p, table) for p in added]
+    summary = _summary(lsn, extra_summary)
+    _check_paths(added, removed)
+    started = time.monotonic()
+
+    if base_snapshot_id is not ANY_BASE and table.metadata.current_snapshot_id != base_snapshot_id:
+        raise CommitConflictError(
+            f"table moved from snapshot {base_snapshot_id} to "
+            f"{table.metadata.current_snapshot_id} since the batch was planned",
+            table=name,
+            lsn=lsn,
+            hint="re-load the table and re-plan the batch",
+        )
+    previous = applied_lsn(table)
+    if previous is not None and lsn <= previous:
+        raise SinkError(
+            f"commit LSN does not advance: the table already contains up to {previous}",
+            table=name,
+            lsn=lsn,
+            hint="transactions at or below a table's applied LSN must be skipped; a repeated "
+            "commit after an unclear outcome must re-load the table first",
+        )
+
+    to_remove: list[DataFile] = []
+    if truncate or removed:
+        live = live_data_files(table)
+        missing = [p for p in removed if p not in live]
+        if missing:
+            raise CommitConflictError(
+                f"{len(missing)} data file(s) to remove are not in the table's current "
+                f"snapshot, e.g. {missing[0]}",
+                table=name,
+                lsn=lsn,
+                hint="the table changed since the batch was planned (or the paths are not "
+                "spelled as current_data_files returns them); re-load and re-plan",
+            )
+        if already := [p for p in added if p in live]:
+            raise SinkError(f"data file is already in the table: {already[0]}", table=name, lsn=lsn)
+        to_remove = list(live.values()) if truncate else [live[p] for p in removed]
+
+    new_files = _describe(table, added, lsn)
+
+    txn = table.transaction()
+    try:
+        snapshot_id = _stage(txn, table, new_files, to_remove, summary, lsn)
+    except ValidationException as exc:
+        raise CommitConflictError(
+            f"the table changed under the commit: {exc}", table=name, lsn=lsn
+        ) from exc
+    except Exception as exc:
+        raise SinkError(
+            f"cannot prepare the commit: {type(exc).__name__}: {exc}",
+            table=name,
+            lsn=lsn,
+            hint="nothing was committed; the added files are orphans",
+        ) from exc
+
+    try:
+        txn.commit_transaction()
+    except (CommitFailedException, ValidationException) as exc:
+        raise CommitConflictError(
+            f"concurrent commit to the table, retries exhausted or validation failed: {exc}",
+            table=name,
+            lsn=lsn,
+            hint="nothing was committed; re-load the table and re-plan the batch",
+        ) from exc
+    except Exception as exc:
+        _resolve_unclear_outcome(table, snapshot_id, lsn, exc)
+
+    _check_single_writer(table, snapshot_id, lsn)
+    logger.debug(
+        "committed %s snapshot %s at LSN %s: +%d -%d files in %.3fs",
+        name,
+        snapshot_id,
+        lsn,
+        len(new_files),
+        len(to_remove),
+        time.monotonic() - started,
+    )
+    return snapshot_id
+
+
+def _stage(
+    txn: Transaction,
+    table: Table,
+    new_files: list[DataFile],
+    to_remove: list[DataFile],
+    summary: dict[str, str],
+    lsn: Lsn,
+) -> int:
+    """Stage the snapshot (writes manifests and the manifest list) and the property."""
+    txn.set_properties({LSN_TABLE_PROPERTY: str(lsn)})
+    update = txn.update_snapshot(snapshot_properties=summary)
+    if to_remove:
+        with update.overwrite() as overwrite:
+            for data_file in to_remove:
+                overwrite.delete_data_file(data_file)
+            for data_file in new_files:
+                overwrite.append_data_file(data_file)
+        return overwrite.snapshot_id
+    merge = property_as_bool(
+        table.properties,
+        TableProperties.MANIFEST_MERGE_ENABLED,
+        TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
+    )
+    with update.merge_append() if merge else update.fast_append() as append:
+        for data_file in new_files:
+            append.append_data_file(data_file)
+    return append.snapshot_id
+
+
+def _describe(table: Table, paths: list[str], lsn: Lsn) -> list[DataFile]:
+    """DataFiles for the new files: footer statistics and a schema check, in parallel
+    (one footer read each; pyiceberg's shared thread pool)."""
+    if not paths:
+        return []
+    metadata = table.metadata
+    io = table.io
+    executor = ExecutorFactory.get_or_create()
+    futures = [executor.submit(parquet_file_to_data_file, io, metadata, p) for p in paths]
+    data_files = []
+    for path, future in zip(paths, futures, strict=True):
+        try:
+            data_files.append(future.result())
+        except FileNotFoundError as exc:
+            raise SinkError(
+                "data file to add does not exist",
+                table=table_name(table),
+                lsn=lsn,
+                file=path,
+                hint="nothing was committed",
+            ) from exc
+        except (ValueError, UnsupportedPyArrowTypeException) as exc:
+            raise SinkError(
+                f"data file does not match the table schema: {exc}",
+                table=table_name(table),
+                lsn=lsn,
+                file=path,
+                hint="nothing was committed; executors must write the table's column names "
+                "and Arrow types (key columns non-nullable, timestamps in us)",
+            ) from exc
+        except OSError as exc:
+            raise SinkError(
+                f"cannot read data file to add: {exc}", table=table_name(table), lsn=lsn, file=path
+            ) from exc
+    return data_files
+
+
+def _resolve_unclear_outcome(table: Table, snapshot_id: int, lsn: Lsn, exc: Exception) -> None:
+    """Return if snapshot ``snapshot_id`` did land after all; raise otherwise."""
+    name = table_name(table)
+    try:
+        table.refresh()
+    except Exception:
+        raise CommitOutcomeUnknownError(
+            f"commit failed ({type(exc).__name__}: {exc}) and the table cannot be re-read",
+            table=name,
+            lsn=lsn,
+            snapshot=snapshot_id,
+            hint="do not remove the added files; on restart applied_lsn tells whether the "
+            "snapshot landed",
+        ) from exc
+    if table.metadata.snapshot_by_id(snapshot_id) is not None:
+        logger.warning(
+            "table %s: commit reported %s: %s, but snapshot %s is in the table: it landed",
+            name,
+            type(exc).__name__,
+            exc,
+            snapshot_id,
+        )
+        return
+    raise CommitOutcomeUnknownError(
+        f"commit failed ({type(exc).__name__}: {exc}); snapshot {snapshot_id} is not in the "
+        "table as re-read",
+        table=name,
+        lsn=lsn,
+        snapshot=snapshot_id,
+        hint="re-load the table and compare applied_lsn with the batch LSN before retrying "
+        "or removing the added files",
+    ) from exc
+
+
+def _check_single_writer(table: Table, snapshot_id: int, lsn: Lsn) -> None:
+    """After pyiceberg retried on top of a concurrent commit: that commit must not have
+    applied the same source transactions (a second subscriber writing this table)."""
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    if snapshot is None or snapshot.parent_snapshot_id is None:
+        return
+    parent_lsn = lineage_lsn(table.metadata, snapshot.parent_snapshot_id)
+    if parent_lsn is not None and parent_lsn >= lsn:
+        raise SinkError(
+            f"another writer committed LSN {parent_lsn} to the table while this commit "
+            "was in flight: the table may now contain those changes twice",
+            table=table_name(table),
+            lsn=lsn,
+            snapshot=snapshot_id,
+            hint="run one subscriber per table; roll the table back to the snapshot before "
+            f"{snapshot_id} and restart",
+        )
+
+
+def _summary(lsn: Lsn, extra: Mapping[str, str] | None) -> dict[str, str]:
+    summary = {}
+    for key, value in (extra or {}).items():
+        if not key.startswith(EXTRA_SUMMARY_PREFIX) or key == LSN_SUMMARY_KEY:
+            raise ValueError(
+                f"extra summary key {key!r} must start with {EXTRA_SUMMARY_PREFIX!r} "
+                f"and not be {LSN_SUMMARY_KEY!r}"
+            )
+        if not isinstance(value, str):
+            raise ValueError(f"extra summary value for {key!r} must be a str")
+        summary[key] = value
+    summary[LSN_SUMMARY_KEY] = str(lsn)
+    return summary
+
+
+def _check_paths(added: Sequence[str], removed: Sequence[str]) -> None:
+    if len(set(added)) != len(added):
+        raise ValueError("added data files must be unique")
+    if len(set(removed)) != len(removed):
+        raise ValueError("removed data files must be unique")
+    if both := set(added) & set(removed):
+        raise ValueError(f"a data file cannot be both added and removed: {sorted(both)[0]}")
+
+
+def _as_table_uri(path: str, table: Table) -> str:
+    """A plain absolute path as a ``file://`` URI when the table lives on the local file
+    system, so every file of a table is recorded in one spelling other engines read."""
+    if path.startswith("/") and table.location().startswith("file:"):
+        return "file://" + path
+    return path

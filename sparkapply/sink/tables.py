@@ -1,0 +1,353 @@
+"""Iceberg tables: create on first sight, evolve with the publisher, keep the name mapping.
+
+Executors write Parquet files *without* field ids (plain pyarrow), named by column.
+Iceberg resolves such files through the table property ``schema.name-mapping.default``
+(column name → field id), both when a file is added (pyiceberg checks the file's schema
+against the table's) and whenever any engine reads it. So every table sparkapply writes
+has a name mapping that covers every column, and every schema change updates it in the
+same metadata commit: a column missing from the mapping would read as null in every
+file, including the files written after the column was added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+    ValidationError,
+)
+from pyiceberg.schema import Schema, index_by_id
+from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table.name_mapping import MappedField, NameMapping, create_mapping_from_schema
+from pyiceberg.types import (
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+)
+
+from sparkapply.errors import SchemaChangeError, SinkError
+from sparkapply.lsn import Lsn
+
+logger = logging.getLogger(__name__)
+
+TableIdentifier = tuple[str, str]
+"""``(namespace, table)``: the PostgreSQL schema and table name, unless mapped."""
+
+NAME_MAPPING_PROPERTY = TableProperties.DEFAULT_NAME_MAPPING  # "schema.name-mapping.default"
+
+# Properties every table sparkapply creates gets, unless the caller overrides them.
+DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
+    # v2: row-level semantics other engines expect; v3 is not needed for copy-on-write.
+    TableProperties.FORMAT_VERSION: "2",
+    # One commit per table per batch means one metadata.json per batch; each holds
+    # the whole snapshot list, so keeping all of them grows quadratically.
+    TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+    # Appends merge small manifests once 100 accumulate (Java's default is on, too);
+    # without it every batch adds a manifest that every later scan must open.
+    TableProperties.MANIFEST_MERGE_ENABLED: "true",
+}
+
+
+def table_name(table: Table) -> str:
+    """``namespace.table`` for messages (the catalog name left out)."""
+    return ".".join(table.name())
+
+
+def data_directory(table: Table) -> str:
+    """Where executors write new data files (honours ``write.data.path``), as a URI.
+
+    Created when it is on the local file system (pyarrow's local writer does not
+    create parent directories); object stores need none. Executors must give each
+    file a name that is unique forever (a UUID): a name reused after a failed commit
+    could collide with a file a reader still needs.
+    """
+    location = table.location_provider().data_path
+    parts = urlsplit(location)
+    if parts.scheme in ("", "file"):
+        os.makedirs(parts.path if parts.scheme else location, exist_ok=True)
+    return location
+
+
+def ensure_table(
+    catalog: Catalog,
+    identifier: TableIdentifier,
+    schema: Schema,
+    *,
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """Load the table ``identifier``, creating its namespace and itself if missing.
+
+    A new table gets ``schema`` (its identifier fields become the table's, so they
+    must be required columns), :data:`DEFAULT_TABLE_PROPERTIES` overridden by
+    ``properties``, and a name mapping for every column, all in the creating commit.
+    An existing table is returned as it is (use :func:`apply_evolution` to change
+    its schema) except that a missing or incomplete name mapping is repaired, since
+    sparkapply cannot add files to the table without one.
+    """
+    name = ".".join(identifier)
+    namespace = identifier[0]
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+        try:
+            table = catalog.load_table(identifier)
+        except NoSuchTableError:
+            table = _create(catalog, identifier, schema, properties)
+            logger.info("created Iceberg table %s at %s", name, table.location())
+            return table
+    except SinkError:
+        raise
+    except Exception as exc:
+        raise SinkError(
+            f"cannot load or create Iceberg table: {type(exc).__name__}: {exc}",
+            table=name,
+            hint="check that the catalog is reachable and the schema is valid for Iceberg",
+        ) from exc
+
+    if not _mapping_covers(table.name_mapping(), table.schema()):
+        txn = table.transaction()
+        _ensure_name_mapping(txn)
+        _commit_metadata(txn, name, "name mapping repair")
+        logger.info("repaired the name mapping of Iceberg table %s", name)
+    return table
+
+
+def _create(
+    catalog: Catalog,
+    identifier: TableIdentifier,
+    schema: Schema,
+    properties: Mapping[str, str] | None,
+) -> Table:
+    props = {**DEFAULT_TABLE_PROPERTIES, **(properties or {})}
+    # The catalog renumbers field ids on create, so the mapping is built from the
+    # schema as created, inside the same (atomic) create transaction.
+    txn = catalog.create_table_transaction(identifier, schema, properties=props)
+    _ensure_name_mapping(txn)
+    # Another process may have created it between our load and our create: use theirs.
+    with contextlib.suppress(TableAlreadyExistsError, CommitFailedException):
+        txn.commit_transaction()
+    return catalog.load_table(identifier)
+
+
+def apply_evolution(
+    table: Table,
+    *,
+    add_columns: Sequence[tuple[str, IcebergType]] = (),
+    widen: Sequence[tuple[str, IcebergType]] = (),
+    identifier_fields: Sequence[str] | None = None,
+    lsn: Lsn | None = None,
+) -> bool:
+    """Evolve ``table``'s schema in one metadata commit; True if anything changed.
+
+    ``add_columns`` become new optional top-level columns (old files read them as
+    null). ``widen`` changes a column's type to a wider one the Iceberg spec allows
+    (int → long, float → double, decimal(P,S) → decimal(P',S) with P' ≥ P, also as
+    a list's element type). ``identifier_fields`` (the new replica-identity key; an
+    empty list for none) replaces the identifier fields when not None.
+
+    Idempotent, so it can be repeated after a crash: adding a column that exists
+    with the same type, or widening to the type a column already has (or to a
+    narrower type it was already widened from) does nothing. A column that exists
+    with an incompatible type, a narrowing, or a key column that is not required
+    raises :class:`SchemaChangeError` naming the table, column, both types and
+    ``lsn``. The name mapping is updated in the same commit.
+    """
+    name = table_name(table)
+    schema = table.schema()
+    top = {f.name: f for f in schema.fields}
+    new_columns: list[tuple[str, IcebergType]] = []
+    type_updates: list[tuple[tuple[str, ...], IcebergType]] = []
+
+    for column, new_type in add_columns:
+        if column in top:
+            type_updates += _widening(name, top[column], new_type, lsn)
+        else:
+            new_columns.append((column, new_type))
+    for column, new_type in widen:
+        if column not in top:
+            raise SchemaChangeError(
+                f"cannot change the type of a column the table does not have to {new_type}",
+                table=name,
+                column=column,
+                lsn=lsn,
+            )
+        type_updates += _widening(name, top[column], new_type, lsn)
+
+    new_key: list[str] | None = None
+    if identifier_fields is not None and set(identifier_fields) != schema.identifier_field_names():
+        new_key = list(identifier_fields)
+        _check_key(name, schema, new_columns, new_key, lsn)
+
+    if not new_columns and not type_updates and new_key is None:
+        return False
+
+    txn = table.transaction()
+    try:
+        with txn.update_schema() as update:
+            for column, new_type in new_columns:
+                update.add_column((column,), new_type, required=False)
+            for path, new_type in type_updates:
+                update.update_column(path, field_type=new_type)
+            if new_key is not None:
+                update.set_identifier_fields(*new_key)
+    except (ValidationError, ValueError) as exc:
+        raise SchemaChangeError(
+            f"Iceberg refused the schema change: {exc}", table=name, lsn=lsn
+        ) from exc
+    _ensure_name_mapping(txn)
+    _commit_metadata(txn, name, "schema change", lsn=lsn)
+    logger.info(
+        "evolved Iceberg table %s: added %s, widened %s, key %s",
+        name,
+        [c for c, _ in new_columns],
+        [".".join(p) for p, _ in type_updates],
+        new_key,
+    )
+    return True
+
+
+def _widening(
+    table: str, field: NestedField, new_type: IcebergType, lsn: Lsn | None
+) -> list[tuple[tuple[str, ...], IcebergType]]:
+    """The ``update_column`` calls that take ``field`` to ``new_type``; [] if none needed."""
+    old_type = field.field_type
+    if old_type == new_type:
+        return []
+    if isinstance(old_type, ListType) and isinstance(new_type, ListType):
+        old_elem, new_elem = old_type.element_type, new_type.element_type
+        if old_elem == new_elem or _is_widening(new_elem, old_elem):
+            return []
+        if _is_widening(old_elem, new_elem):
+            return [((field.name, "element"), new_elem)]
+    elif _is_widening(old_type, new_type):
+        return [((field.name,), new_type)]
+    elif _is_widening(new_type, old_type):
+        # Already wider (a replayed, older RELATION): values of the narrower type fit.
+        return []
+    raise SchemaChangeError(
+        f"cannot change column type from {old_type} to {new_type}: Iceberg can only widen "
+        "int to long, float to double and decimal(P,S) to decimal(P',S) with P' >= P",
+        table=table,
+        column=field.name,
+        lsn=lsn,
+        hint="recreate the table (or map the column to a new name) and resynchronise it",
+    )
+
+
+def _is_widening(old: IcebergType, new: IcebergType) -> bool:
+    """The type promotions of the Iceberg spec (v2), checked here rather than by
+    pyiceberg's ``promote``, which also allows read-time conversions (string ↔ binary,
+    fixed → uuid) and, in 0.12, does not compare decimal scales."""
+    if isinstance(old, IntegerType):
+        return isinstance(new, LongType)
+    if isinstance(old, FloatType):
+        return isinstance(new, DoubleType)
+    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
+        return new.scale == old.scale and new.precision > old.precision
+    return False
+
+
+def _check_key(
+    table: str,
+    schema: Schema,
+    new_columns: list[tuple[str, IcebergType]],
+    key: list[str],
+    lsn: Lsn | None,
+) -> None:
+    top = {f.name: f for f in schema.fields}
+    added = {c for c, _ in new_columns}
+    for column in key:
+        field = top.get(column)
+        if field is not None and field.required:
+            continue
+        if column in added:
+            reason = "it is a new column, added as optional because old rows have no value"
+        elif field is None:
+            reason = "the table has no such column"
+        else:
+            reason = "it is optional (nullable) in the Iceberg table"
+        raise SchemaChangeError(
+            f"cannot make column an Iceberg identifier field: {reason}",
+            table=table,
+            column=column,
+            lsn=lsn,
+            hint="Iceberg identifier fields must be required columns; recreate the table "
+            "with the new key and resynchronise it",
+        )
+
+
+def _commit_metadata(txn: Transaction, table: str, what: str, *, lsn: Lsn | None = None) -> None:
+    try:
+        txn.commit_transaction()
+    except CommitFailedException as exc:
+        raise SinkError(
+            f"{what} conflicted with a concurrent commit: {exc}",
+            table=table,
+            lsn=lsn,
+            hint="another writer changed the table; retry (the change is idempotent)",
+        ) from exc
+    except Exception as exc:
+        raise SinkError(
+            f"{what} failed: {type(exc).__name__}: {exc}", table=table, lsn=lsn
+        ) from exc
+
+
+def _ensure_name_mapping(txn: Transaction) -> None:
+    """Stage a name mapping that covers every field of the transaction's schema.
+
+    Kept as is when complete (``update_schema`` maintains an existing mapping,
+    aliases included); otherwise existing entries are kept and the missing fields
+    are added from the schema.
+    """
+    metadata = txn.table_metadata
+    schema = metadata.schema()
+    current = metadata.name_mapping()
+    if _mapping_covers(current, schema):
+        return
+    fresh = create_mapping_from_schema(schema)
+    merged = fresh if current is None else NameMapping(_merge(list(current), list(fresh)))
+    txn.set_properties({NAME_MAPPING_PROPERTY: merged.model_dump_json()})
+
+
+def _merge(old: list[MappedField], new: list[MappedField]) -> list[MappedField]:
+    """``new`` plus the names (aliases) and sub-fields ``old`` has for the same ids;
+    an old alias that is now another field's name is dropped, so no name is ambiguous."""
+    by_id = {f.field_id: f for f in old if f.field_id is not None}
+    taken = {name for f in new for name in f.names}
+    merged = []
+    for field in new:
+        prior = by_id.get(field.field_id) if field.field_id is not None else None
+        if prior is None:
+            merged.append(field)
+            continue
+        aliases = [n for n in prior.names if n not in taken]
+        names = list(dict.fromkeys([*field.names, *aliases]))
+        fields = _merge(prior.fields, field.fields)
+        merged.append(field.model_copy(update={"names": names, "fields": fields}))
+    return merged
+
+
+def _mapping_covers(mapping: NameMapping | None, schema: Schema) -> bool:
+    if mapping is None:
+        return False
+    mapped = set(_mapped_ids(list(mapping)))
+    return all(field_id in mapped for field_id in index_by_id(schema))
+
+
+def _mapped_ids(fields: list[MappedField]) -> Iterator[int]:
+    for field in fields:
+        if field.field_id is not None:
+            yield field.field_id
+        yield from _mapped_ids(field.fields)
