@@ -2,21 +2,22 @@
 
 Comparison is row by row over the publisher's current columns, after normalising
 each side's Python values to one comparable form (the documented type mapping:
-json/jsonb/unconstrained numeric/user types are text in Iceberg, NaN is NaN).
+json/jsonb (compared as text)/unconstrained numeric/user types are text in Iceberg, NaN is NaN).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
-import json
 import math
 import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
+from psycopg.types.string import TextLoader
 
 from sparkapply.config import Config, load_config
 from sparkapply.subscriber import RunSummary, Subscriber
@@ -68,9 +69,19 @@ class Mirror:
         arrow = read_table(self.catalog.load_table((ns, name)))
         return arrow.column_names, [tuple(r.values()) for r in arrow.to_pylist()]
 
+    def iceberg_types(self, table: str) -> dict[str, pa.DataType]:
+        from sparkapply.sink.arrow import arrow_schema_of
+
+        ns, name = table.split(".")
+        schema = arrow_schema_of(self.catalog.load_table((ns, name)))
+        return {f.name: f.type for f in schema}
+
     def pg_rows(self, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         schema, name = table.split(".")
         with psycopg.connect(self.dsn) as conn:
+            # json/jsonb stay text, as Iceberg stores them.
+            for json_type in ("json", "jsonb"):
+                conn.adapters.register_loader(json_type, TextLoader)
             cur = conn.execute(
                 sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(name))
             )
@@ -84,6 +95,16 @@ class Mirror:
             missing = [c for c in pg_cols if c not in ice_cols]
             assert not missing, f"{table}: columns {missing} missing in Iceberg"
             idx = [ice_cols.index(c) for c in pg_cols]
+            ice_types = self.iceberg_types(table)
+            # Documented: NaN in a numeric(p,s) column is stored as null.
+            nan_to_null = [pa.types.is_decimal(ice_types[c]) for c in pg_cols]
+            pg = [
+                tuple(
+                    None if n and isinstance(v, decimal.Decimal) and v.is_nan() else v
+                    for v, n in zip(r, nan_to_null, strict=True)
+                )
+                for r in pg
+            ]
             left = sorted((_row(r) for r in pg), key=repr)
             right = sorted((_row(tuple(r[i] for i in idx)) for r in ice), key=repr)
             assert len(left) == len(right), f"{table}: {len(left)} rows in PG, {len(right)} in Iceberg"
@@ -95,18 +116,29 @@ def _row(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(normalize(v) for v in values)
 
 
+_EXACT = decimal.Context(prec=2000)
+
+
+def _dec(d: decimal.Decimal) -> Any:
+    return "NaN" if d.is_nan() else ("dec", _EXACT.normalize(d) if d.is_finite() else d)
+
+
 def normalize(v: Any) -> Any:
-    """One comparable form for a value read from either side."""
-    if v is None:
-        return None
+    """One comparable form for a value read from either side.
+
+    Numbers compare exactly (no 28-digit default context); values that the documented
+    mapping stores as text (domains, unconstrained numeric, json) compare by meaning.
+    """
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return ("dec", _EXACT.normalize(decimal.Decimal(v)))
     if isinstance(v, float):
         if math.isnan(v):
             return "NaN"
         return v
     if isinstance(v, decimal.Decimal):
-        if v.is_nan():
-            return "NaN"
-        return ("dec", v.normalize() if v.is_finite() else v)
+        return _dec(v)
     if isinstance(v, uuid.UUID):
         return str(v)
     if isinstance(v, bytes | bytearray | memoryview):
@@ -117,24 +149,17 @@ def normalize(v: Any) -> Any:
             except ValueError:
                 pass
         return b
-    if isinstance(v, dict):
-        return ("json", json.dumps(v, sort_keys=True))
     if isinstance(v, list):
         return tuple(normalize(x) for x in v)
     if isinstance(v, dt.datetime) and v.tzinfo is not None:
         return v.astimezone(dt.UTC)
     if isinstance(v, str):
         s = v.strip()
-        if s[:1] in "{[" and s[-1:] in "}]":
-            try:
-                return ("json", json.dumps(json.loads(s), sort_keys=True))
-            except ValueError:
-                return v
         try:
             d = decimal.Decimal(s)
         except decimal.InvalidOperation:
             return v
         if s.replace(".", "").replace("-", "").isdigit() or s in ("NaN",):
-            return "NaN" if d.is_nan() else ("dec", d.normalize())
+            return _dec(d)
         return v
     return v

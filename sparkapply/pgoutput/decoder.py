@@ -820,8 +820,9 @@ _OUT_OF_STREAM: dict[int, _Handler] = {
 
 
 def _as_buffer(payload: bytes | bytearray | memoryview) -> Buffer:
-    if isinstance(payload, memoryview | bytearray):
-        view = memoryview(payload)
+    # A memoryview is what parse_copy_data hands over: take it without re-wrapping.
+    if type(payload) is memoryview or isinstance(payload, memoryview | bytearray):
+        view = payload if type(payload) is memoryview else memoryview(payload)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         return view.tobytes() if len(view) <= _COPY_LIMIT else view
