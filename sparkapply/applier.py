@@ -28,6 +28,7 @@ from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.convert.schema import iceberg_schema_for, plan_evolution
 from sparkapply.errors import SparkapplyError
+from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.graph import dependency_graph, table_lanes
@@ -157,6 +158,7 @@ class Applier:
             err = failed[0].error
             assert err is not None
             raise err
+        failpoint("before-commit")
         for r in results:
             table, base = planned[r.table]
             ident = tuple(r.table.split(".", 1))
@@ -172,6 +174,7 @@ class Applier:
             except SparkapplyError:
                 remove_orphans(table, r.added)  # type: ignore[arg-type]
                 raise
+            failpoint("after-table-commit")
             self._applied[ident] = Lsn(r.last_commit_lsn)  # type: ignore[index]
             self._tables.pop(ident, None)  # type: ignore[arg-type]
             stats.changes += r.n_changes

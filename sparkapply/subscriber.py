@@ -36,6 +36,7 @@ from sparkapply.changes.progress import Progress
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.config import Config
 from sparkapply.errors import ConnectionLostError, SparkapplyError
+from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import start_replication_command
@@ -184,6 +185,7 @@ class Subscriber:
                     fut, batch = running
                     running = None
                     stats = fut.result()  # re-raises the apply's error: nothing acknowledged
+                    failpoint("before-ack")
                     for txn, _ in batch:
                         assembler.release(txn)
                     progress.mark_done([item for _, item in batch])

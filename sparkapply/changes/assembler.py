@@ -54,6 +54,7 @@ from sparkapply.changes.progress import Progress
 from sparkapply.changes.spool import SpoolSegment, SpoolWriter
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.errors import ProtocolError, SparkapplyError, StateError
+from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import Decoder, encode
 from sparkapply.pgoutput import messages as m
@@ -162,6 +163,7 @@ class Assembler:
     def feed(self, payload: memoryview | bytes, lsn: int) -> None:
         """One pgoutput message, as carried by the XLogData starting at ``lsn``."""
         self.last_lsn = Lsn(lsn)
+        failpoint("feed")
         try:
             self._feed(payload)
         except SparkapplyError as exc:
@@ -437,6 +439,7 @@ class Assembler:
             source=segment,
             move=is_stream,
         )
+        failpoint("after-stage")
         self.progress.add(end_lsn, done=True)
 
     def _encode(self, rel: m.Relation) -> bytes:

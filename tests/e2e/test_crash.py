@@ -1,0 +1,130 @@
+"""Crash safety: SIGKILL at named points, restart, and the tables are exactly right."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.conftest import PgServer
+from tests.mirror import Mirror
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _write_config(mirror: Mirror, path: Path) -> None:
+    c = mirror.config
+    props = c.sink.catalog
+    path.write_text(
+        f"""work_dir = "{c.work_dir}"
+[source]
+dsn = "{c.source.dsn}"
+publication = "pub"
+slot = "s"
+[sink.catalog]
+type = "sql"
+uri = "{props['uri']}"
+warehouse = "{props['warehouse']}"
+[spark]
+master = "local[1]"
+[apply]
+batch_linger = 0.1
+batch_max_transactions = 3
+"""
+    )
+
+
+def _run_killed(mirror: Mirror, failpoint: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "crash.toml"
+    _write_config(mirror, cfg)
+    env = {**os.environ, "SPARKAPPLY_TEST_FAILPOINT": failpoint}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg), "--until-caught-up"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, (
+        f"failpoint {failpoint} was not hit (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    )
+
+
+def _workload(mirror: Mirror, pg_server: PgServer) -> None:
+    mirror.sql(
+        "INSERT INTO a SELECT g, 'a' || g FROM generate_series(1, 300) g",
+        "INSERT INTO b SELECT g, g FROM generate_series(1, 100) g",
+        "BEGIN; UPDATE a SET v = 'multi' WHERE id <= 50; DELETE FROM b WHERE id <= 10; COMMIT",
+        "BEGIN; INSERT INTO b VALUES (1000, 1); PREPARE TRANSACTION 'p1'",
+    )
+    pg_server.set_streaming("immediate")
+    try:
+        with psycopg.connect(mirror.dsn) as conn:
+            conn.execute("INSERT INTO a SELECT g, 'streamed' FROM generate_series(301, 600) g")
+            conn.execute("SAVEPOINT s1")
+            conn.execute("DELETE FROM a WHERE id <= 100")
+            conn.execute("ROLLBACK TO SAVEPOINT s1")
+            conn.execute("UPDATE a SET id = id + 10000 WHERE id BETWEEN 500 AND 510")
+            conn.commit()
+    finally:
+        pg_server.set_streaming("buffered")
+    mirror.sql(
+        "UPDATE b SET n = n + 1",
+        "COMMIT PREPARED 'p1'",
+        "TRUNCATE b",
+        "INSERT INTO b SELECT g, -g FROM generate_series(1, 20) g",
+    )
+
+
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        "feed:40",  # mid-transaction, before anything is durable
+        "feed:700",  # in the middle of a streamed chunk
+        "after-stage",  # PREPARE staged, not yet acknowledged
+        "before-commit",  # executors wrote files, nothing committed
+        "after-table-commit",  # one table of a batch committed, the other not
+        "before-ack",  # every table committed, nothing acknowledged
+        "after-table-commit:4",  # a later batch
+    ],
+)
+def test_kill_and_restart(
+    mirror: Mirror, pg_server: PgServer, tmp_path: Path, failpoint: str
+) -> None:
+    mirror.sql(
+        "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        "CREATE TABLE b (id int PRIMARY KEY, n int)",
+        "CREATE PUBLICATION pub FOR TABLE a, b",
+    )
+    mirror.run()  # slot and catalog exist
+    _workload(mirror, pg_server)
+    _run_killed(mirror, failpoint, tmp_path)
+    mirror.run()
+    mirror.assert_mirrored("public.a", "public.b")
+
+
+def test_kill_between_prepare_and_commit_prepared(
+    mirror: Mirror, pg_server: PgServer, tmp_path: Path
+) -> None:
+    mirror.sql(
+        "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        "CREATE PUBLICATION pub FOR TABLE a",
+    )
+    mirror.run()
+    mirror.sql(
+        "INSERT INTO a VALUES (1, 'before')",
+        "BEGIN; INSERT INTO a SELECT g, 'prepared' FROM generate_series(2, 200) g;"
+        " PREPARE TRANSACTION 'gx'",
+        "INSERT INTO a VALUES (1000, 'after prepare')",
+    )
+    _run_killed(mirror, "before-ack", tmp_path)  # killed once the first batch is durable
+    mirror.run()  # stages the prepare durably and acknowledges it
+    mirror.sql("COMMIT PREPARED 'gx'")
+    mirror.run()
+    mirror.assert_mirrored("public.a")
