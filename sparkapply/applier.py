@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
@@ -38,7 +39,13 @@ from sparkapply.sink.files import current_data_files, current_snapshot_id, remov
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.tables import apply_evolution, data_directory, ensure_table
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
 log = logging.getLogger(__name__)
+
+TableIdent = tuple[str, str]
 
 
 @dataclass(slots=True)
@@ -56,9 +63,7 @@ def _full_identity(rel: m.Relation) -> m.Relation:
     """REPLICA IDENTITY FULL flags every column as key; it has no key to index by."""
     if rel.replica_identity != "f":
         return rel
-    cols = tuple(
-        m.RelationColumn(0, c.name, c.type_oid, c.type_modifier) for c in rel.columns
-    )
+    cols = tuple(m.RelationColumn(0, c.name, c.type_oid, c.type_modifier) for c in rel.columns)
     return m.Relation(rel.xid, rel.relation_id, rel.namespace, rel.name, rel.replica_identity, cols)
 
 
@@ -66,7 +71,7 @@ class Applier:
     def __init__(
         self,
         spark: SparkSession,
-        catalog: object,
+        catalog: Catalog,
         *,
         table_map: dict[str, str] | None = None,
         proto_version: int = 4,
@@ -77,7 +82,7 @@ class Applier:
         self.table_map = table_map or {}
         self.proto_version = proto_version
         self.streaming = streaming
-        self._tables: dict[tuple[str, str], object] = {}
+        self._tables: dict[TableIdent, Table] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
@@ -101,15 +106,17 @@ class Applier:
                 ident = self.identifier(rel)
                 relid_table[rel.relation_id] = ident
                 seen = versions.setdefault(ident, [])
-                if not seen or seen[-1][0].columns != rel.columns or (
-                    seen[-1][0].replica_identity != rel.replica_identity
+                if (
+                    not seen
+                    or seen[-1][0].columns != rel.columns
+                    or (seen[-1][0].replica_identity != rel.replica_identity)
                 ):
                     seen.append((rel, txn.commit_lsn))
         graph = dependency_graph(batch, lambda rid: ".".join(relid_table[rid]))
         lanes = table_lanes(graph)
 
         tasks: list[TableTask] = []
-        planned: dict[str, tuple[object, int | None]] = {}
+        planned: dict[str, tuple[Table, TableIdent, int | None]] = {}
         for ident, rels in versions.items():
             table = self._table(ident, rels)
             applied = self.applied(ident)
@@ -127,9 +134,7 @@ class Applier:
                     xid=batch[o].xid,
                     commit_lsn=int(batch[o].commit_lsn),
                     segments=batch[o].segments,
-                    relations=tuple(
-                        r for rid, r in batch[o].relations.items() if rid in relids
-                    ),
+                    relations=tuple(r for rid, r in batch[o].relations.items() if rid in relids),
                 )
                 for o in ordinals
             )
@@ -140,31 +145,29 @@ class Applier:
                     keyed=bool(key_names),
                     key_names=key_names,
                     txns=txns,
-                    schema=arrow_schema_of(table),  # type: ignore[arg-type]
-                    data_files=tuple(f.path for f in current_data_files(table)),  # type: ignore[arg-type]
-                    data_dir=data_directory(table),  # type: ignore[arg-type]
+                    schema=arrow_schema_of(table),
+                    data_files=tuple(f.path for f in current_data_files(table)),
+                    data_dir=data_directory(table),
                     proto_version=self.proto_version,
                     streaming=self.streaming,
                 )
             )
-            planned[name] = (table, current_snapshot_id(table))  # type: ignore[arg-type]
+            planned[name] = (table, ident, current_snapshot_id(table))
         stats.tables = len(tasks)
         results = run_tasks(self.spark, tasks)
         failed = [r for r in results if r.error is not None]
         if failed:
             for r in results:
-                table, _ = planned[r.table]
-                remove_orphans(table, r.added)  # type: ignore[arg-type]
+                remove_orphans(planned[r.table][0], r.added)
             err = failed[0].error
             assert err is not None
             raise err
         failpoint("before-commit")
         for r in results:
-            table, base = planned[r.table]
-            ident = tuple(r.table.split(".", 1))
+            table, ident, base = planned[r.table]
             try:
                 commit_files(
-                    table,  # type: ignore[arg-type]
+                    table,
                     added=r.added,
                     removed=r.removed,
                     truncate=r.truncated,
@@ -172,29 +175,29 @@ class Applier:
                     base_snapshot_id=base,
                 )
             except SparkapplyError:
-                remove_orphans(table, r.added)  # type: ignore[arg-type]
+                remove_orphans(table, r.added)
                 raise
             failpoint("after-table-commit")
-            self._applied[ident] = Lsn(r.last_commit_lsn)  # type: ignore[index]
-            self._tables.pop(ident, None)  # type: ignore[arg-type]
+            self._applied[ident] = Lsn(r.last_commit_lsn)
+            self._tables.pop(ident, None)
             stats.changes += r.n_changes
             stats.rows_written += r.rows_written
             stats.rows_removed += r.rows_removed
         stats.results = results
         return stats
 
-    def _table(self, ident: tuple[str, str], rels: list[tuple[m.Relation, Lsn]]) -> object:
+    def _table(self, ident: TableIdent, rels: list[tuple[m.Relation, Lsn]]) -> Table:
         table = self._tables.get(ident)
         if table is None:
             first = _full_identity(rels[0][0])
-            table = ensure_table(self.catalog, ident, iceberg_schema_for(first))  # type: ignore[arg-type]
+            table = ensure_table(self.catalog, ident, iceberg_schema_for(first))
             if ident not in self._applied:
-                self._applied[ident] = applied_lsn(table) or Lsn(0)  # type: ignore[arg-type]
+                self._applied[ident] = applied_lsn(table) or Lsn(0)
         for rel, lsn in rels:
-            plan = plan_evolution(table.schema(), _full_identity(rel), lsn=lsn)  # type: ignore[attr-defined]
+            plan = plan_evolution(table.schema(), _full_identity(rel), lsn=lsn)
             if plan.requires_update:
                 apply_evolution(
-                    table,  # type: ignore[arg-type]
+                    table,
                     add_columns=[(a.name, a.field_type) for a in plan.add],
                     widen=[(w.path[0], w.new_type) for w in plan.widen if len(w.path) == 1],
                     identifier_fields=(
@@ -202,7 +205,7 @@ class Applier:
                     ),
                     lsn=Lsn(lsn),
                 )
-                table = self.catalog.load_table(ident)  # type: ignore[attr-defined]
+                table = self.catalog.load_table(ident)
         self._tables[ident] = table
         return table
 

@@ -69,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = sub.run(until_caught_up=args.until_caught_up)
             log.info(
                 "stopped: %d batches, %d transactions, flushed to %s",
-                summary.batches, summary.transactions, summary.flushed,
+                summary.batches,
+                summary.transactions,
+                summary.flushed,
             )
             return 0
         if args.command == "demo":

@@ -153,10 +153,7 @@ def _check(raw: Mapping[str, Any], origin: str) -> None:
 
 def _check_type(key: str, value: Any, expected: type | tuple[type, ...], origin: str) -> None:
     types = expected if isinstance(expected, tuple) else (expected,)
-    if isinstance(value, bool) and bool not in types:
-        ok = False
-    else:
-        ok = isinstance(value, types)
+    ok = not (isinstance(value, bool) and bool not in types) and isinstance(value, types)
     if not ok:
         names = " or ".join(t.__name__ for t in types)
         raise ConfigError(

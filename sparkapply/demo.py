@@ -52,9 +52,7 @@ def _workload(dsn: str, rows: int) -> None:
         conn.execute("INSERT INTO shop.events VALUES ('vip', 'first ten customers')")
         conn.execute("PREPARE TRANSACTION 'demo-vip'")
         for i in range(20):
-            conn.execute(
-                "UPDATE shop.orders SET status = 'paid' WHERE id %% 20 = %s", (i,)
-            )
+            conn.execute("UPDATE shop.orders SET status = 'paid' WHERE id %% 20 = %s", (i,))
         conn.execute("DELETE FROM shop.orders WHERE id %% 7 = 0")
         conn.execute("INSERT INTO shop.events VALUES ('cleanup', 'deleted every 7th order')")
         conn.execute("COMMIT PREPARED 'demo-vip'")
@@ -115,12 +113,13 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
         if errors:
             raise errors[0]
         catalog = sub._catalog
+        assert catalog is not None
         print()
         print(f"{'table':<20}{'postgres':>12}{'iceberg':>12}")
         ok = True
         for name in TABLES:
             ns, tbl = name.split(".")
-            iceberg_rows = read_table(catalog.load_table((ns, tbl))).num_rows  # type: ignore[attr-defined]
+            iceberg_rows = read_table(catalog.load_table((ns, tbl))).num_rows
             pg_rows = _count(dsn, name)
             ok &= iceberg_rows == pg_rows
             print(f"{name:<20}{pg_rows:>12}{iceberg_rows:>12}")
@@ -128,10 +127,12 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
         print()
         print(f"warehouse: {props.get('warehouse')}")
         print(f"catalog:   {props.get('uri')} (pyiceberg SQL catalog '{config.sink.catalog_name}')")
-        print("read it:   python -c \"from pyiceberg.catalog import load_catalog; "
-              f"c = load_catalog('{config.sink.catalog_name}', type='sql', "
-              f"uri='{props.get('uri')}', warehouse='{props.get('warehouse')}'); "
-              "print(c.load_table('shop.orders').scan().to_arrow().num_rows)\"")
+        print(
+            'read it:   python -c "from pyiceberg.catalog import load_catalog; '
+            f"c = load_catalog('{config.sink.catalog_name}', type='sql', "
+            f"uri='{props.get('uri')}', warehouse='{props.get('warehouse')}'); "
+            "print(c.load_table('shop.orders').scan().to_arrow().num_rows)\""
+        )
         return 0 if ok else 1
     finally:
         pg.stop()

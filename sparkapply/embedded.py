@@ -107,7 +107,7 @@ class EmbeddedPostgres:
             kwargs["group"] = pwd.getpwnam(self._run_as).pw_gid
         env = {**os.environ, "LC_ALL": "C", "TZ": "UTC"}
         env.pop("PGDATA", None)
-        proc = subprocess.run(
+        proc: subprocess.CompletedProcess[str] = subprocess.run(
             [str(self.bin_dir / args[0]), *args[1:]],
             capture_output=True,
             text=True,
@@ -183,7 +183,13 @@ class EmbeddedPostgres:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             proc = self._run(
-                "pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                "pg_isready",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
                 check=False,
             )
             if proc.returncode == 0:

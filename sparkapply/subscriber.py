@@ -21,11 +21,13 @@ STOPPING
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -37,11 +39,15 @@ from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.config import Config
 from sparkapply.errors import ConnectionLostError, SparkapplyError
 from sparkapply.failpoints import failpoint
-from sparkapply.lsn import Lsn
+from sparkapply.lsn import INVALID_LSN, Lsn
 from sparkapply.source.connection import ReplicationConnection
-from sparkapply.source.negotiation import start_replication_command
+from sparkapply.source.negotiation import Protocol, start_replication_command
 from sparkapply.source.publisher import check_publisher, ensure_slot
 from sparkapply.source.stream import ReplicationStream
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ class RunSummary:
     batches: int = 0
     transactions: int = 0
     changes: int = 0
-    flushed: Lsn = Lsn(0)
+    flushed: Lsn = INVALID_LSN
 
 
 class Subscriber:
@@ -59,8 +65,8 @@ class Subscriber:
         self,
         config: Config,
         *,
-        spark: object | None = None,
-        catalog: object | None = None,
+        spark: SparkSession | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.config = config
         self._spark = spark
@@ -73,7 +79,7 @@ class Subscriber:
 
     # -- setup ------------------------------------------------------------------------
 
-    def _open_sinks(self) -> tuple[object, object]:
+    def _open_sinks(self) -> tuple[SparkSession, Catalog]:
         if self._catalog is None:
             from sparkapply.sink.catalog import open_catalog
 
@@ -102,7 +108,7 @@ class Subscriber:
         """Replicate until :meth:`stop` (or, with ``until_caught_up``, until everything
         committed before the call is applied and acknowledged)."""
         src = self.config.source
-        protocol, published = check_publisher(src.dsn, src.publication)
+        protocol, _tables = check_publisher(src.dsn, src.publication)
         spark, catalog = self._open_sinks()
         target = self._target_lsn() if until_caught_up else None
         backoff = 1.0
@@ -118,10 +124,9 @@ class Subscriber:
                 backoff = min(backoff * 2, src.reconnect_max_backoff)
         return self.summary
 
-    def _session(self, protocol: object, spark: object, catalog: object, target: Lsn | None) -> bool:
-        from sparkapply.source.negotiation import Protocol
-
-        assert isinstance(protocol, Protocol)
+    def _session(
+        self, protocol: Protocol, spark: SparkSession, catalog: Catalog, target: Lsn | None
+    ) -> bool:
         cfg = self.config
         src = cfg.source
         work = cfg.work_dir
@@ -141,7 +146,7 @@ class Subscriber:
                 progress=progress,
             )
             applier = Applier(
-                spark,  # type: ignore[arg-type]
+                spark,
                 catalog,
                 table_map=dict(cfg.sink.tables),
                 proto_version=protocol.proto_version,
@@ -194,7 +199,10 @@ class Subscriber:
                     self.summary.changes += stats.changes
                     log.info(
                         "applied %d transactions (%d changes) to %d tables; flushed to %s",
-                        len(batch), stats.changes, stats.tables, progress.flushed,
+                        len(batch),
+                        stats.changes,
+                        stats.tables,
+                        progress.flushed,
                     )
 
                 if self._stop.is_set() and running is None:
@@ -209,7 +217,9 @@ class Subscriber:
                         or len(assembler.ready) >= cfg.batch_max_transactions
                     )
                     if quiet or full or frame is None:
-                        batch = assembler.take_ready(cfg.batch_max_bytes, cfg.batch_max_transactions)
+                        batch = assembler.take_ready(
+                            cfg.batch_max_bytes, cfg.batch_max_transactions
+                        )
                         ready_count = len(assembler.ready)
                         running = (pool.submit(applier.apply, [t for t, _ in batch]), batch)
 
@@ -236,8 +246,6 @@ class Subscriber:
         finally:
             if running is not None:
                 running[0].cancel()
-                try:
+                with contextlib.suppress(Exception):
                     running[0].result()
-                except Exception:
-                    pass
             pool.shutdown(wait=True)

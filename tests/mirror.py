@@ -107,7 +107,9 @@ class Mirror:
             ]
             left = sorted((_row(r) for r in pg), key=repr)
             right = sorted((_row(tuple(r[i] for i in idx)) for r in ice), key=repr)
-            assert len(left) == len(right), f"{table}: {len(left)} rows in PG, {len(right)} in Iceberg"
+            assert len(left) == len(right), (
+                f"{table}: {len(left)} rows in PG, {len(right)} in Iceberg"
+            )
             for a, b in zip(left, right, strict=True):
                 assert a == b, f"{table}: row differs\n  postgres: {a}\n  iceberg:  {b}"
 

@@ -15,4 +15,5 @@ def run_tasks(spark: SparkSession, tasks: Sequence[TableTask]) -> list[TableResu
         return []
     ordered = sorted(tasks, key=lambda t: -sum(s.nbytes for x in t.txns for s in x.segments))
     rdd = spark.sparkContext.parallelize(ordered, len(ordered))
-    return rdd.map(run_table_task).collect()  # type: ignore[no-any-return]
+    results: list[TableResult] = rdd.map(run_table_task).collect()
+    return results

@@ -116,7 +116,9 @@ class TableDelta:
 
 
 def _values(t: m.TupleData) -> list[Value]:
-    return [UNCHANGED if k == m.KIND_UNCHANGED else v for k, v in zip(t.kinds, t.values, strict=True)]
+    return [
+        UNCHANGED if k == m.KIND_UNCHANGED else v for k, v in zip(t.kinds, t.values, strict=True)
+    ]
 
 
 def fold_table(
@@ -155,8 +157,9 @@ def _fold_txn(
     plain = Decoder(proto_version=proto_version, streaming=streaming)
     streamed = Decoder(proto_version=proto_version, streaming=streaming)
     if proto_version >= 2:
-        streamed.decode(encode(m.StreamStart(txn.xid, True), proto_version=proto_version,
-                               streaming=streaming))
+        streamed.decode(
+            encode(m.StreamStart(txn.xid, True), proto_version=proto_version, streaming=streaming)
+        )
     for payload, in_stream in _records(txn):
         tag = payload[0]
         dec = streamed if in_stream else plain

@@ -165,8 +165,9 @@ def apply_delta(
     if delta.truncated:
         result.removed.extend(data_files)
     elif delta.keyed and not delta.only_inserts:
-        _rewrite_keyed(delta, upserts, table, unchanged, schema, key_names, data_files, writer,
-                       result)
+        _rewrite_keyed(
+            delta, upserts, table, unchanged, schema, key_names, data_files, writer, result
+        )
         return result
     elif not delta.keyed and delta.removes:
         _rewrite_full(delta, schema, data_files, writer, result)

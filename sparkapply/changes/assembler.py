@@ -46,12 +46,13 @@ from __future__ import annotations
 import itertools
 import logging
 import shutil
+from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sparkapply.changes.prepared import PreparedEntry, PreparedStore
 from sparkapply.changes.progress import Progress
-from sparkapply.changes.spool import SpoolSegment, SpoolWriter
+from sparkapply.changes.spool import SpoolWriter
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.errors import ProtocolError, SparkapplyError, StateError
 from sparkapply.failpoints import failpoint
@@ -108,7 +109,7 @@ class Assembler:
         self.progress = progress
         self.relations: dict[int, m.Relation] = {}
         self.types: dict[int, m.Type] = {}
-        self.ready: list[tuple[CommittedTxn, list[int]]] = []
+        self.ready: deque[tuple[CommittedTxn, list[int]]] = deque()
         self.ready_bytes = 0
         self._current: _OpenTxn | None = None
         self._streams: dict[int, _OpenTxn] = {}
@@ -133,13 +134,13 @@ class Assembler:
         """Committed transactions for the next batch, in commit order."""
         if self._shared is not None:
             self._shared.flush()
-        out = []
+        out: list[tuple[CommittedTxn, list[int]]] = []
         nbytes = 0
         while self.ready and len(out) < max_txns:
-            txn, item = self.ready[0]
+            txn = self.ready[0][0]
             if out and nbytes + txn.nbytes > max_bytes:
                 break
-            out.append(self.ready.pop(0))
+            out.append(self.ready.popleft())
             nbytes += txn.nbytes
         self.ready_bytes -= nbytes
         return out
@@ -266,10 +267,7 @@ class Assembler:
 
     def _catalog(self, msg: m.Relation | m.Type, payload: memoryview | bytes) -> None:
         in_stream = msg.xid is not None
-        if in_stream:
-            txn = self._txn_for(msg.xid, "RELATION")
-        else:
-            txn = self._current  # type: ignore[assignment]
+        txn = self._txn_for(msg.xid, "RELATION") if in_stream else self._current
         if txn is None:
             # Outside any transaction (not sent by pgoutput today): takes effect now.
             if isinstance(msg, m.Relation):
@@ -342,11 +340,10 @@ class Assembler:
             txn.writer.close()
             txn.writer.path.unlink(missing_ok=True)
             return
-        for i, (subxid, offset) in enumerate(txn.subxacts):
-            if subxid == msg.subxid:
-                break
-        else:
+        i = next((n for n, (s, _) in enumerate(txn.subxacts) if s == msg.subxid), None)
+        if i is None:
             return  # a subtransaction that changed nothing we were sent
+        offset = txn.subxacts[i][1]
         for subxid, _ in txn.subxacts[i:]:
             txn.subxact_ids.discard(subxid)
         del txn.subxacts[i:]

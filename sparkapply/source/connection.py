@@ -43,7 +43,8 @@ def describe_dsn(dsn: str) -> str:
         p = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "<unparsable connection string>"
-    return f"{p.get('host', 'localhost')}:{p.get('port', 5432)}/{p.get('dbname', '?')} as {p.get('user', '?')}"
+    host, port = p.get("host", "localhost"), p.get("port", 5432)
+    return f"{host}:{port}/{p.get('dbname', '?')} as {p.get('user', '?')}"
 
 
 class ReplicationConnection:
@@ -139,7 +140,9 @@ class ReplicationConnection:
         try:
             nbytes, data = self._pgconn.get_copy_data(1)
         except psycopg.OperationalError as exc:
-            raise ConnectionLostError(f"replication stream from {self._where} broke: {exc}") from exc
+            raise ConnectionLostError(
+                f"replication stream from {self._where} broke: {exc}"
+            ) from exc
         if nbytes == -2:
             raise ConnectionLostError(
                 "replication stream from "
@@ -151,7 +154,9 @@ class ReplicationConnection:
         try:
             self._pgconn.consume_input()
         except psycopg.OperationalError as exc:
-            raise ConnectionLostError(f"replication stream from {self._where} broke: {exc}") from exc
+            raise ConnectionLostError(
+                f"replication stream from {self._where} broke: {exc}"
+            ) from exc
 
     def _copy_ended(self) -> None:
         self._in_copy = False

@@ -117,14 +117,14 @@ def ensure_slot(
         db = conn.execute("SELECT current_database() AS db")[0]["db"]
         if row["slot_type"] != "logical" or row["plugin"] != "pgoutput":
             raise SlotError(
-                f"replication slot {slot!r} exists but is a {row['slot_type']} slot of plugin "
-                f"{row['plugin']!r}; sparkapply needs a logical pgoutput slot",
+                f"replication slot {slot!r} exists but is a {row['slot_type']} slot"
+                + (f" of plugin {row['plugin']!r}" if row["plugin"] else "")
+                + "; sparkapply needs a logical pgoutput slot",
                 hint="choose another [source] slot name or drop that slot",
             )
         if row["database"] != db:
             raise SlotError(
-                f"replication slot {slot!r} belongs to database {row['database']!r}, "
-                f"not {db!r}",
+                f"replication slot {slot!r} belongs to database {row['database']!r}, not {db!r}",
                 hint="point [source] dsn at the slot's database or choose another slot",
             )
         if row["active_pid"]:

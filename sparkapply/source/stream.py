@@ -79,11 +79,11 @@ class ReplicationStream:
 
     def _maybe_send_status(self) -> None:
         now = time.monotonic()
-        if now - self._last_status >= self.status_interval or self._flush_lsn > self._reported:
-            # A new durable position is worth telling at once (it frees WAL), but not
-            # more often than every 100 ms.
-            if now - self._last_status >= 0.1:
-                self.send_status()
+        due = now - self._last_status >= self.status_interval
+        # A new durable position is worth telling at once (it frees WAL), but not
+        # more often than every 100 ms.
+        if due or (self._flush_lsn > self._reported and now - self._last_status >= 0.1):
+            self.send_status()
 
     def send_status(self, reply_requested: bool = False) -> None:
         flush = self._flush_lsn

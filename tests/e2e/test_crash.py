@@ -28,8 +28,8 @@ publication = "pub"
 slot = "s"
 [sink.catalog]
 type = "sql"
-uri = "{props['uri']}"
-warehouse = "{props['warehouse']}"
+uri = "{props["uri"]}"
+warehouse = "{props["warehouse"]}"
 [spark]
 master = "local[1]"
 [apply]

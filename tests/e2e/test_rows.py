@@ -18,7 +18,8 @@ def test_unchanged_toast_keeps_stored_value(mirror: Mirror) -> None:
     )
     mirror.run()
     mirror.sql(
-        "INSERT INTO doc SELECT g, 't' || g, repeat(md5(g::text), 400) FROM generate_series(1, 20) g"
+        "INSERT INTO doc SELECT g, 't' || g, repeat(md5(g::text), 400)"
+        " FROM generate_series(1, 20) g"
     )
     mirror.run()  # the large values are now in Iceberg, from an earlier batch
     mirror.sql(
@@ -72,7 +73,8 @@ def test_truncate_with_dml_and_multi_table(mirror: Mirror) -> None:
         " TRUNCATE p, c;"
         " INSERT INTO p VALUES (1, 'after'), (2, 'after'); INSERT INTO c VALUES (1, 1, 'after');"
         " UPDATE p SET v = 'updated after' WHERE id = 2; COMMIT",
-        "BEGIN; UPDATE p SET v = 'multi' WHERE id = 1; INSERT INTO c VALUES (2, 1, 'multi'); COMMIT",
+        "BEGIN; UPDATE p SET v = 'multi' WHERE id = 1;"
+        " INSERT INTO c VALUES (2, 1, 'multi'); COMMIT",
     )
     mirror.run()
     mirror.assert_mirrored("public.p", "public.c")

@@ -25,9 +25,11 @@ def test_interleaved_streams_and_ordinary_transactions(mirror: Mirror, immediate
         "CREATE PUBLICATION pub FOR TABLE a, b",
     )
     mirror.run()
-    with psycopg.connect(mirror.dsn) as s1, psycopg.connect(mirror.dsn) as s2, psycopg.connect(
-        mirror.dsn, autocommit=True
-    ) as s3:
+    with (
+        psycopg.connect(mirror.dsn) as s1,
+        psycopg.connect(mirror.dsn) as s2,
+        psycopg.connect(mirror.dsn, autocommit=True) as s3,
+    ):
         for chunk in range(5):
             s1.execute(
                 "INSERT INTO a SELECT g, 's1' FROM generate_series(%s::int, %s::int) g",

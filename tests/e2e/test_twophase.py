@@ -44,7 +44,9 @@ def test_restart_between_prepare_and_commit_prepared(mirror: Mirror, pg_server: 
         "CREATE PUBLICATION pub FOR TABLE t",
     )
     mirror.run()
-    _prepare(mirror.dsn, "later", "INSERT INTO t SELECT g, 'prepared' FROM generate_series(1, 50) g")
+    _prepare(
+        mirror.dsn, "later", "INSERT INTO t SELECT g, 'prepared' FROM generate_series(1, 50) g"
+    )
     _prepare(mirror.dsn, "undone", "INSERT INTO t VALUES (999, 'rolled back later')")
     pg_server.set_streaming("immediate")
     try:
@@ -65,7 +67,9 @@ def test_restart_between_prepare_and_commit_prepared(mirror: Mirror, pg_server: 
     staged = sorted(p.name for p in (mirror.config.work_dir / "prepared").glob("*.json"))
     assert len(staged) == 3, staged
     # A new subscriber (a restart) sees only COMMIT/ROLLBACK PREPARED.
-    mirror.sql("COMMIT PREPARED 'later'", "ROLLBACK PREPARED 'undone'", "COMMIT PREPARED 'streamed'")
+    mirror.sql(
+        "COMMIT PREPARED 'later'", "ROLLBACK PREPARED 'undone'", "COMMIT PREPARED 'streamed'"
+    )
     mirror.run()
     mirror.assert_mirrored("public.t")
     assert not list((mirror.config.work_dir / "prepared").glob("*.json"))

@@ -1,0 +1,132 @@
+"""Bad input stops with a clear message naming what and where, and loses nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sparkapply.embedded import EmbeddedPostgres
+from sparkapply.errors import (
+    PublicationError,
+    ReplicaIdentityError,
+    SchemaChangeError,
+    SlotError,
+    SourceError,
+)
+from tests.mirror import Mirror
+
+pytestmark = pytest.mark.integration
+
+
+def _confirmed(dsn: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 's'"
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_missing_publication(mirror: Mirror) -> None:
+    with pytest.raises(PublicationError, match=r"publication 'pub' does not exist") as info:
+        mirror.run()
+    assert "CREATE PUBLICATION" in str(info.value)
+
+
+def test_table_without_replica_identity(mirror: Mirror) -> None:
+    mirror.sql("CREATE TABLE nokey (a int, b text)", "CREATE PUBLICATION pub FOR TABLE nokey")
+    with pytest.raises(ReplicaIdentityError, match=r"public\.nokey") as info:
+        mirror.run()
+    assert "REPLICA IDENTITY FULL" in str(info.value)
+
+
+def test_slot_of_the_wrong_kind(mirror: Mirror) -> None:
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+        "SELECT pg_create_physical_replication_slot('s')",
+    )
+    try:
+        with pytest.raises(SlotError, match="is a physical slot") as info:
+            mirror.run()
+        assert "choose another [source] slot" in str(info.value)
+    finally:
+        # Physical slots belong to no database: drop it before the next test.
+        mirror.sql("SELECT pg_drop_replication_slot('s')")
+
+
+def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -> None:
+    mirror.sql("CREATE TABLE t (id int PRIMARY KEY, n int)", "CREATE PUBLICATION pub FOR TABLE t")
+    mirror.run()
+    mirror.sql("INSERT INTO t VALUES (1, 1), (2, 2)")
+    mirror.run()
+    durable = _confirmed(mirror.dsn)
+    mirror.sql(
+        "ALTER TABLE t ALTER COLUMN n TYPE text",
+        "INSERT INTO t VALUES (3, 'three')",
+    )
+    with pytest.raises(SchemaChangeError) as info:
+        mirror.run()
+    text = str(info.value)
+    assert "public.t" in text and '"n"' in text or "column n" in text
+    assert "int" in text and "string" in text
+    assert "lsn" in text
+    # Nothing past the failed transaction was acknowledged, and Iceberg kept its rows.
+    assert _confirmed(mirror.dsn) == durable
+    _, rows = mirror.iceberg_rows("public.t")
+    assert sorted(rows) == [(1, 1), (2, 2)]
+
+
+def test_wal_level_replica_is_refused(tmp_path: Path) -> None:
+    root = Path(tempfile.mkdtemp(prefix="sparkapply-test-replica-"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "data", settings={"wal_level": "replica"})
+    pg.start()
+    try:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+            conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        mirror = Mirror(pg.dsn(), tmp_path / "work", spark=None)
+        with pytest.raises(SourceError, match="wal_level=replica") as info:
+            mirror.run()
+        assert "wal_level = logical" in str(info.value)
+    finally:
+        pg.stop("immediate")
+
+
+def test_cli_reports_operator_error_with_exit_code_2(pg_dsn: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'work_dir = "{tmp_path}/w"\n[source]\ndsn = "{pg_dsn} password=s3cret"\n'
+        'publication = "nope"\n'
+        f'[sink.catalog]\ntype = "sql"\nuri = "sqlite:///{tmp_path}/c.db"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "publication 'nope' does not exist" in proc.stderr
+    assert "s3cret" not in proc.stderr + proc.stdout
+
+
+def test_cli_rejects_unknown_config_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[source]\ndsn = "x"\npublication = "p"\nslott = "s"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "unknown configuration key source.slott" in proc.stderr
