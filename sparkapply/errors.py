@@ -156,6 +156,10 @@ class ApplyError(SparkapplyError):
     """A change could not be applied (e.g. it refers to an unknown relation)."""
 
 
+class CopyError(SparkapplyError):
+    """The initial copy (or a resync) of a table failed; ``table`` names it."""
+
+
 class SinkError(SparkapplyError):
     """The Iceberg catalog or table refused a write."""
 

@@ -73,7 +73,7 @@ def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -
     with pytest.raises(SchemaChangeError) as info:
         mirror.run()
     text = str(info.value)
-    assert "public.t" in text and '"n"' in text or "column n" in text
+    assert "public.t" in text and "column n" in text
     assert "int" in text and "string" in text
     assert "lsn" in text
     # Nothing past the failed transaction was acknowledged, and Iceberg kept its rows.

@@ -12,7 +12,8 @@ from sparkapply.sink import applied_lsn, commit_files, expire_snapshots, read_ta
 from .conftest import ORDERS
 from .executor_files import write_orders
 
-NOW = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+# Far enough ahead that snapshots made while the rest of the suite runs are older.
+NOW = dt.datetime.now(dt.UTC) + dt.timedelta(days=365)
 
 
 def test_expiry_keeps_the_newest_snapshots_and_the_applied_lsn(

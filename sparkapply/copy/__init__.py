@@ -1,0 +1,1 @@
+"""The initial copy: published tables read as of one snapshot, in Spark tasks, into Iceberg."""

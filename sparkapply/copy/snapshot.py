@@ -1,0 +1,253 @@
+"""What to copy: the published tables as the catalog describes them, and their slices.
+
+A table is described the way pgoutput's RELATION message would describe it (published
+columns in attribute order, type OID and modifier, key flags from the replica
+identity), so :func:`sparkapply.convert.schema.iceberg_schema_for` builds the same
+Iceberg schema the stream would, and later RELATION messages find nothing to evolve.
+
+Run :func:`describe_tables` inside a transaction that has imported the copy's snapshot:
+plain catalog reads (``pg_attribute``) then show the columns as of the snapshot. The
+publication's membership, column lists and row filters come from
+``pg_publication_tables``, as PostgreSQL's own table synchronisation reads them.
+
+A slice is a range of heap blocks, read with a TID range scan
+(``ctid >= '(b1,0)' AND ctid < '(b2,0)'``, PostgreSQL 14+). The last slice has no upper
+bound, so rows on blocks added after the size was read are still covered (they are
+invisible to the snapshot anyway, but the bound costs nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from sparkapply.convert.types import PgColumnType
+from sparkapply.errors import PublicationError
+from sparkapply.pgoutput.messages import Relation, RelationColumn
+from sparkapply.source.negotiation import quote_ident
+
+DEFAULT_SLICE_BYTES = 64 * 1024 * 1024
+"""Heap bytes per slice: one Spark task, one Parquet data file."""
+
+SPLIT_THRESHOLD = 8 * 1024 * 1024
+"""Tables at least this big are cut into at least two slices per Spark core."""
+
+_TABLES_SQL = """
+SELECT n.nspname, c.relname, c.oid, c.relkind, c.relreplident, {attnames}, {rowfilter},
+       CASE WHEN c.relkind = 'p'
+            THEN (SELECT coalesce(sum(pg_relation_size(t.relid)), 0)
+                  FROM pg_partition_tree(c.oid) t)
+            ELSE pg_relation_size(c.oid) END,
+       CASE WHEN c.relkind = 'p'
+            THEN (SELECT coalesce(sum(greatest(k.reltuples, 0)), 0)
+                  FROM pg_partition_tree(c.oid) t JOIN pg_class k ON k.oid = t.relid)
+            ELSE c.reltuples END
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = ANY(%s)
+ORDER BY 1, 2
+"""
+
+_COLUMNS_SQL = """
+SELECT a.attrelid, a.attname, a.atttypid, a.atttypmod,
+       coalesce(a.attnum = ANY(i.indkey::int2[]), false)
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_index i ON i.indrelid = a.attrelid
+     AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
+WHERE a.attrelid = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attrelid, a.attnum
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceTable:
+    """One published table as the copy sees it."""
+
+    schema: str
+    name: str
+    oid: int
+    relkind: str  # 'r' table, 'p' partitioned table (publish_via_partition_root)
+    relation: Relation  # what pgoutput's RELATION message would say
+    row_filter: str | None  # the publication's WHERE expression (ORed across publications)
+    size_bytes: int  # heap size (all partitions for 'p')
+    block_size: int
+    estimated_rows: int  # pg_class.reltuples; -1 when never analysed
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.schema, self.name)
+
+    @property
+    def columns(self) -> tuple[tuple[str, PgColumnType], ...]:
+        return tuple(
+            (c.name, PgColumnType(c.type_oid, c.type_modifier)) for c in self.relation.columns
+        )
+
+    @property
+    def pages(self) -> int:
+        return self.size_bytes // self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Heap blocks ``[first_block, end_block)``; ``end_block`` None = to the end."""
+
+    first_block: int
+    end_block: int | None
+
+    @property
+    def whole_table(self) -> bool:
+        return self.first_block == 0 and self.end_block is None
+
+
+def published_tables(
+    conn: psycopg.Connection[Any], publications: Sequence[str]
+) -> list[tuple[str, str]]:
+    """``(schema, table)`` of every table the publications publish, sorted."""
+    rows = conn.execute(
+        "SELECT DISTINCT schemaname, tablename FROM pg_publication_tables "
+        "WHERE pubname = ANY(%s) ORDER BY 1, 2",
+        (list(publications),),
+    ).fetchall()
+    return [(str(s), str(t)) for s, t in rows]
+
+
+def describe_tables(
+    conn: psycopg.Connection[Any],
+    publications: Sequence[str],
+    only: Collection[tuple[str, str]] | None = None,
+) -> list[SourceTable]:
+    """The published tables (or those of ``only`` that are published), described.
+
+    Raises :class:`PublicationError` for a table that two publications publish with
+    different column lists (PostgreSQL's subscriber refuses that too).
+    """
+    modern = conn.info.server_version >= 150000  # column lists and row filters
+    sql = _TABLES_SQL.format(
+        attnames="pt.attnames" if modern else "NULL::name[]",
+        rowfilter="pt.rowfilter" if modern else "NULL::text",
+    )
+    block_row = conn.execute("SELECT current_setting('block_size')::int").fetchone()
+    block_size = int(block_row[0]) if block_row else 8192
+    wanted = set(only) if only is not None else None
+    grouped: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+    for row in conn.execute(sql, (list(publications),)).fetchall():
+        key = (str(row[0]), str(row[1]))
+        if wanted is None or key in wanted:
+            grouped.setdefault(key, []).append(tuple(row))
+    if not grouped:
+        return []
+    oids = [int(rows[0][2]) for rows in grouped.values()]
+    columns: dict[int, list[tuple[str, int, int, bool]]] = {}
+    for relid, attname, typid, typmod, is_key in conn.execute(_COLUMNS_SQL, (oids,)).fetchall():
+        columns.setdefault(int(relid), []).append(
+            (str(attname), int(typid), int(typmod), bool(is_key))
+        )
+    return [
+        _describe(key, rows, columns.get(int(rows[0][2]), []), block_size)
+        for key, rows in grouped.items()
+    ]
+
+
+def _describe(
+    key: tuple[str, str],
+    rows: list[tuple[Any, ...]],
+    attributes: list[tuple[str, int, int, bool]],
+    block_size: int,
+) -> SourceTable:
+    schema, name = key
+    _, _, oid, relkind, replident, _, _, size, reltuples = rows[0]
+    lists = {tuple(r[5]) if r[5] is not None else None for r in rows}
+    if len(lists) > 1:
+        raise PublicationError(
+            f"table {schema}.{name} is published with different column lists by the "
+            "configured publications",
+            relation=f"{schema}.{name}",
+            hint="give the table the same column list in every publication of [source] "
+            "publication, or subscribe to one of them",
+        )
+    column_list = next(iter(lists))
+    # As PostgreSQL's table synchronisation: a publication without a filter wins,
+    # otherwise a row is copied when any publication's filter accepts it.
+    filters = list(dict.fromkeys(r[6] for r in rows))
+    row_filter: str | None
+    if any(f is None for f in filters):
+        row_filter = None
+    elif len(filters) == 1:
+        row_filter = str(filters[0])
+    else:
+        row_filter = " OR ".join(f"({f})" for f in filters)
+    full = replident == "f"
+    published = set(column_list) if column_list is not None else None
+    cols = tuple(
+        RelationColumn(1 if (full or is_key) else 0, attname, typid, typmod)
+        for attname, typid, typmod, is_key in attributes
+        if published is None or attname in published
+    )
+    relation = Relation(None, int(oid), schema, name, str(replident), cols)
+    return SourceTable(
+        schema=schema,
+        name=name,
+        oid=int(oid),
+        relkind=str(relkind),
+        relation=relation,
+        row_filter=row_filter,
+        size_bytes=int(size),
+        block_size=block_size,
+        estimated_rows=int(reltuples) if float(reltuples) >= 0 else -1,
+    )
+
+
+def plan_slices(
+    table: SourceTable,
+    *,
+    slice_bytes: int = DEFAULT_SLICE_BYTES,
+    parallelism: int = 2,
+) -> list[Slice]:
+    """Cut a table into block ranges of about ``slice_bytes`` (at least two per core
+    for a table of :data:`SPLIT_THRESHOLD` or more). Empty tables get no slice;
+    partitioned tables one whole-table slice."""
+    if table.relkind == "p":
+        return [Slice(0, None)] if table.size_bytes else []
+    pages = table.pages
+    if pages == 0:
+        # Measured after the snapshot was taken: a row the snapshot sees was inserted
+        # before it, and its block cannot be truncated away while the snapshot holds
+        # back vacuum. No blocks, no visible rows.
+        return []
+    count = math.ceil(table.size_bytes / max(1, slice_bytes))
+    if table.size_bytes >= SPLIT_THRESHOLD:
+        count = max(count, 2 * max(1, parallelism))
+    count = max(1, min(count, pages))
+    per = math.ceil(pages / count)
+    slices = [Slice(b, b + per) for b in range(0, pages, per)]
+    last = slices[-1]
+    slices[-1] = Slice(last.first_block, None)
+    return slices
+
+
+def copy_query(table: SourceTable, piece: Slice) -> str:
+    """``COPY (SELECT <published columns> FROM t WHERE <slice> AND <row filter>) TO STDOUT``."""
+    cols = ", ".join(quote_ident(c.name) for c in table.relation.columns)
+    # ONLY: inheritance children are published (and copied) as tables of their own.
+    only = "" if table.relkind == "p" else "ONLY "
+    source = f"{only}{quote_ident(table.schema)}.{quote_ident(table.name)}"
+    where = []
+    if piece.first_block > 0:
+        where.append(f"ctid >= '({piece.first_block},0)'::tid")
+    if piece.end_block is not None:
+        where.append(f"ctid < '({piece.end_block},0)'::tid")
+    if table.row_filter is not None:
+        where.append(f"({table.row_filter})")
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return f"COPY (SELECT {cols} FROM {source}{clause}) TO STDOUT"

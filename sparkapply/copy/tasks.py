@@ -1,0 +1,281 @@
+"""What one Spark task of the copy does: read one slice with COPY, write one Parquet file.
+
+Executor side: imports psycopg, pyarrow and the converters, never pyiceberg or a
+SparkSession. The task description and the result are small and picklable; only file
+paths go back to the driver, which commits them (or removes them after a failure).
+
+JOINING THE SNAPSHOT
+    Each task opens its own connection, with the session settings of the replication
+    connection (``datestyle=ISO``, ``extra_float_digits=3``, UTC, hex bytea, UTF8), so
+    a value's text is the same as the stream would send. It runs
+    ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '<name>'``:
+    every slice of every table sees the one snapshot the driver exported.
+
+COPY TEXT FORMAT
+    ``COPY (SELECT ...) TO STDOUT`` in text format: one row per line, columns separated
+    by tabs, ``\\N`` for NULL, and in values a backslash escapes itself and the
+    control characters (``\\b \\f \\n \\r \\t \\v``); PostgreSQL's output uses no other
+    escape. Rows are gathered into chunks of ``chunk_bytes``, split into columns by
+    Arrow's CSV parser (no quoting, no escape character, so raw tabs and newlines are
+    always separators), and a column is unescaped with a few vectorised substring
+    replacements, only when it holds a backslash. The unescaped text then goes through
+    :func:`sparkapply.convert.values.to_arrow`, the conversion the stream uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from sparkapply.convert.types import PgColumnType
+from sparkapply.convert.values import to_arrow
+from sparkapply.errors import (
+    ConnectionLostError,
+    ConversionError,
+    CopyError,
+    SourceError,
+    SparkapplyError,
+)
+from sparkapply.source.negotiation import quote_literal
+
+DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
+"""COPY text gathered before it is parsed and written as one Parquet row group."""
+
+_ESCAPES = (
+    ("\\b", "\b"),
+    ("\\f", "\f"),
+    ("\\n", "\n"),
+    ("\\r", "\r"),
+    ("\\t", "\t"),
+    ("\\v", "\v"),
+)
+_PARSE = pcsv.ParseOptions(
+    delimiter="\t",
+    quote_char=False,
+    double_quote=False,
+    escape_char=False,
+    newlines_in_values=False,
+    ignore_empty_lines=False,  # a one-column row holding '' is an empty line
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceTask:
+    """One slice of one table, as an executor needs it."""
+
+    table: str  # "schema.table" in PostgreSQL, for messages
+    target: str  # "namespace.table" in Iceberg: the driver groups results by it
+    slice_no: int
+    tag: str  # the connection's application_name; progress finds its COPY by it
+    conninfo: str = field(repr=False)  # may hold a password: never logged
+    snapshot: str
+    query: str
+    columns: tuple[tuple[str, PgColumnType], ...]
+    schema: pa.Schema  # the Iceberg table's current schema, as Arrow
+    data_dir: str
+    estimated_bytes: int = 0  # for ordering: biggest slices first
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+
+@dataclass(slots=True)
+class SliceResult:
+    table: str
+    target: str
+    slice_no: int
+    files: list[str] = field(default_factory=list)
+    rows: int = 0
+    bytes: int = 0  # COPY text bytes read
+    seconds: float = 0.0
+    error: SparkapplyError | None = None
+
+
+# --------------------------------------------------------------------------------
+# COPY text → Arrow
+# --------------------------------------------------------------------------------
+
+
+def parse_copy_text(data: bytes, n_columns: int) -> list[pa.Array]:
+    """Rows of COPY text format → one ``large_string`` array per column, still escaped,
+    ``\\N`` as null."""
+    names = [f"c{i}" for i in range(n_columns)]
+    table = pcsv.read_csv(
+        pa.BufferReader(data),
+        read_options=pcsv.ReadOptions(
+            column_names=names,
+            use_threads=False,
+            block_size=max(1 << 20, min(len(data) + 1, 1 << 30)),
+        ),
+        parse_options=_PARSE,
+        convert_options=pcsv.ConvertOptions(
+            column_types=dict.fromkeys(names, pa.large_string()),
+            null_values=["\\N"],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+    return [table.column(i).combine_chunks() for i in range(n_columns)]
+
+
+def unescape(values: pa.Array) -> pa.Array:
+    """Decode COPY text escapes in a ``large_string`` column (vectorised)."""
+    if not pc.any(pc.match_substring(values, "\\")).as_py():
+        return values
+    # NUL never occurs in PostgreSQL text, so it can stand for an escaped backslash
+    # while the other escapes are decoded. Matches are found left to right and do not
+    # overlap, so '\\' is always taken as a pair before its second '\' could start one.
+    out = pc.replace_substring(values, "\\\\", "\x00")
+    if pc.any(pc.match_substring(out, "\\")).as_py():
+        for escaped, char in _ESCAPES:
+            out = pc.replace_substring(out, escaped, char)
+    return pc.replace_substring(out, "\x00", "\\")
+
+
+def chunk_to_table(
+    data: bytes,
+    columns: tuple[tuple[str, PgColumnType], ...],
+    schema: pa.Schema,
+) -> pa.Table:
+    """Convert a chunk of COPY text rows to a table in ``schema``. Columns the schema
+    has and the copy does not (dropped upstream) are null."""
+    raw = parse_copy_text(data, len(columns))
+    n_rows = len(raw[0]) if raw else 0
+    converted: dict[str, pa.Array] = {}
+    for (name, ctype), values in zip(columns, raw, strict=True):
+        try:
+            converted[name] = to_arrow(ctype, unescape(values))
+        except SparkapplyError as exc:
+            raise exc.with_context(column=name) from None
+    arrays = []
+    for f in schema:
+        arr = converted.get(f.name)
+        if arr is None:
+            arrays.append(pa.nulls(n_rows, f.type))
+            continue
+        try:
+            arrays.append(arr.cast(f.type) if arr.type != f.type else arr)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ConversionError(
+                f"cannot store {arr.type} values in a column of type {f.type}: {exc}",
+                column=f.name,
+            ) from exc
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# --------------------------------------------------------------------------------
+# The data file
+# --------------------------------------------------------------------------------
+
+
+class _DataFile:
+    """One Parquet file under the table's data directory, written a row group at a time."""
+
+    def __init__(self, data_dir: str, schema: pa.Schema) -> None:
+        self.schema = schema
+        data_dir = data_dir.rstrip("/")
+        if "://" in data_dir:
+            self.fs, base = pafs.FileSystem.from_uri(data_dir)
+            scheme = data_dir.split("://", 1)[0]
+        else:
+            self.fs, base, scheme = pafs.LocalFileSystem(), data_dir, ""
+        self.fs.create_dir(base, recursive=True)
+        self.path = f"{base}/sparkapply-copy-{uuid.uuid4().hex}.parquet"
+        self.uri = f"{scheme}://{self.path}" if scheme else self.path
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path, self.schema, filesystem=self.fs)
+        self._writer.write_table(table)
+
+    def close(self) -> list[str]:
+        if self._writer is None:
+            return []
+        self._writer.close()
+        return [self.uri]
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(self.path)
+
+
+# --------------------------------------------------------------------------------
+# The task
+# --------------------------------------------------------------------------------
+
+
+def run_slice(task: SliceTask) -> SliceResult:
+    """Copy one slice. Errors come back in the result, naming the table."""
+    result = SliceResult(task.table, task.target, task.slice_no)
+    started = time.monotonic()
+    out: _DataFile | None = None
+    try:
+        out = _DataFile(task.data_dir, task.schema)
+        with psycopg.connect(task.conninfo, autocommit=True) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(task.snapshot)}")
+            chunk: list[memoryview] = []
+            size = 0
+            with conn.cursor().copy(task.query) as copy:
+                for row in copy:
+                    chunk.append(row)  # type: ignore[arg-type]
+                    size += len(row)
+                    if size >= task.chunk_bytes:
+                        _flush(out, chunk, task, result)
+                        result.bytes += size
+                        chunk, size = [], 0
+            if chunk:
+                _flush(out, chunk, task, result)
+                result.bytes += size
+            conn.execute("COMMIT")
+        result.files = out.close()
+    except SparkapplyError as exc:
+        result.error = exc.with_context(table=task.table)
+    except psycopg.Error as exc:
+        result.error = _source_error(exc, task)
+    except Exception as exc:  # an executor bug must still name the table
+        result.error = CopyError(f"{type(exc).__name__}: {exc}", table=task.table)
+    if result.error is not None and out is not None:
+        out.abort()
+        result.files = []
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _flush(out: _DataFile, chunk: list[memoryview], task: SliceTask, result: SliceResult) -> None:
+    table = chunk_to_table(b"".join(chunk), task.columns, task.schema)
+    out.write(table)
+    result.rows += table.num_rows
+
+
+def _source_error(exc: psycopg.Error, task: SliceTask) -> SparkapplyError:
+    state = exc.sqlstate or ""
+    text = str(exc).strip()
+    if state == "22023" and "snapshot" in text:
+        return CopyError(
+            f"cannot join the copy's snapshot {task.snapshot}: {text}",
+            table=task.table,
+            hint="the connection that exported it closed (sparkapply lost its replication "
+            "connection or was restarted); the copy of the tables not yet committed starts "
+            "again on the next run",
+        )
+    if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith("08")):
+        return ConnectionLostError(f"copy connection lost: {text}", table=task.table)
+    return SourceError(
+        f"reading the table for the copy failed: {text}",
+        table=task.table,
+        sqlstate=state or None,
+        hint="check that the replication user can SELECT the table and that the "
+        "publication's row filter is valid",
+    )

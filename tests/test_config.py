@@ -1,0 +1,78 @@
+"""Config precedence, types and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkapply.config import load_config
+from sparkapply.errors import ConfigError
+
+BASE = '[source]\ndsn = "host=x"\npublication = "p"\n'
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_local_config_loads() -> None:
+    cfg = load_config(Path(__file__).parent.parent / "configs" / "local.toml", env={})
+    assert cfg.spark.master == "local[2]"
+    props = cfg.catalog_properties()
+    assert props["uri"] == f"sqlite:///{cfg.work_dir}/catalog.db"
+    assert "{work_dir}" not in props["warehouse"]
+
+
+def test_precedence_file_env_overrides(tmp_path: Path) -> None:
+    p = write(tmp_path, BASE + 'slot = "from_file"\n[spark]\nmaster = "local[1]"\n')
+    env = {"SPARKAPPLY_SOURCE__SLOT": "from_env", "SPARKAPPLY_APPLY__BATCH_LINGER": "2"}
+    cfg = load_config(p, env=env, overrides={"spark": {"master": "local[3]"}})
+    assert cfg.source.slot == "from_env"
+    assert cfg.apply.batch_linger == 2.0
+    assert cfg.spark.master == "local[3]"
+    assert cfg.source.publication == ("p",)
+
+
+def test_env_list_value_and_free_form_key(tmp_path: Path) -> None:
+    env = {
+        "SPARKAPPLY_SOURCE__PUBLICATION": '["a", "b"]',
+        "SPARKAPPLY_SPARK__CONF__spark.sql.x": "1",
+    }
+    cfg = load_config(write(tmp_path, BASE), env=env)
+    assert cfg.source.publication == ("a", "b")
+    assert cfg.spark.conf["spark.sql.x"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (BASE + "bogus = 1\n", "source.bogus"),
+        (BASE + "status_interval = 'soon'\n", "source.status_interval"),
+        (BASE + "status_interval = -1\n", "source.status_interval"),
+        ('[source]\npublication = "p"\n', "source.dsn"),
+        ('[source]\ndsn = "x"\npublication = []\n', "source.publication"),
+        (BASE + "[apply]\nbatch_max_bytes = 0\n", "apply.batch_max_bytes"),
+        (BASE + '[sink.tables]\n"public.t" = "no_dot"\n', "sink.tables.public.t"),
+        ("work_dir = 3\n" + BASE, "work_dir"),
+        ("nonsense = 1\n" + BASE, "nonsense"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert info.value.context["key"] == key
+
+
+def test_unknown_env_key_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"source\.nope"):
+        load_config(write(tmp_path, BASE), env={"SPARKAPPLY_SOURCE__NOPE": "1"})
+
+
+def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml", env={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[source\n"), env={})
