@@ -16,8 +16,9 @@ FAILURE AND RESTART
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ from sparkapply.plan.graph import dependency_graph, table_lanes
 from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.commit import commit_files
 from sparkapply.sink.files import current_data_files, current_snapshot_id, remove_orphans
+from sparkapply.sink.maintenance import expire_snapshots
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.tables import apply_evolution, data_directory, ensure_table
 
@@ -76,6 +78,7 @@ class Applier:
         table_map: dict[str, str] | None = None,
         proto_version: int = 4,
         streaming: str = "parallel",
+        retain_snapshots: int = 100,
     ) -> None:
         self.spark = spark
         self.catalog = catalog
@@ -84,6 +87,9 @@ class Applier:
         self.streaming = streaming
         self._tables: dict[TableIdent, Table] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
+        self.retain_snapshots = retain_snapshots
+        # Called with each batch before it is planned (the copy of new tables).
+        self.before_apply: Callable[[Sequence[CommittedTxn]], None] | None = None
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
         schema = rel.namespace or "pg_catalog"
@@ -96,7 +102,14 @@ class Applier:
     def applied(self, ident: tuple[str, str]) -> Lsn:
         return self._applied.get(ident, Lsn(0))
 
+    def forget(self, ident: TableIdent) -> None:
+        """Drop what is cached of a table another writer (the copy) committed to."""
+        self._tables.pop(ident, None)
+        self._applied.pop(ident, None)
+
     def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
+        if self.before_apply is not None:
+            self.before_apply(batch)
         stats = BatchStats(transactions=len(batch))
         # Relation versions in apply order, and which table each relation id is.
         versions: dict[tuple[str, str], list[tuple[m.Relation, Lsn]]] = {}
@@ -178,6 +191,7 @@ class Applier:
                 remove_orphans(table, r.added)
                 raise
             failpoint("after-table-commit")
+            self._expire(table)
             self._applied[ident] = Lsn(r.last_commit_lsn)
             self._tables.pop(ident, None)
             stats.changes += r.n_changes
@@ -185,6 +199,16 @@ class Applier:
             stats.rows_removed += r.rows_removed
         stats.results = results
         return stats
+
+    def _expire(self, table: Table) -> None:
+        """Keep commits cheap: a commit's cost grows with the snapshots a table keeps."""
+        keep = self.retain_snapshots
+        if keep <= 0 or len(table.metadata.snapshots) <= keep + keep // 2:
+            return
+        try:
+            expire_snapshots(table, older_than=dt.datetime.now(dt.UTC), retain_last=keep)
+        except SparkapplyError as exc:  # maintenance: try again after a later batch
+            log.warning("%s", exc)
 
     def _table(self, ident: TableIdent, rels: list[tuple[m.Relation, Lsn]]) -> Table:
         table = self._tables.get(ident)

@@ -35,6 +35,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--config", default="configs/local.toml", help="TOML config file")
     demo.add_argument("--rows", type=int, default=200_000, help="rows in the bulk load")
+    resync = sub.add_parser(
+        "resync",
+        help="copy one table again from a fresh snapshot, replacing its Iceberg contents "
+        "(with sparkapply stopped)",
+    )
+    resync.add_argument("--config", required=True, help="TOML config file")
+    resync.add_argument("--table", required=True, help="the published table, schema.table")
     return p
 
 
@@ -78,6 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from sparkapply.demo import run_demo
 
             return run_demo(args.config, rows=args.rows)
+        if args.command == "resync":
+            from sparkapply.copy.driver import resync
+
+            report = resync(load_config(args.config), args.table)
+            log.info("resync of %s done: %s rows", args.table, f"{report.total_rows:,}")
+            return 0
     except SparkapplyError as exc:
         log.error("%s", exc)
         return 2 if exc.kind is ErrorKind.OPERATOR else 1

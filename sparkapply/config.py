@@ -43,6 +43,8 @@ class SinkConfig:
     catalog: Mapping[str, str] = field(default_factory=dict)
     # "pgschema.pgtable" → "namespace.table"; unmapped tables keep their own name.
     tables: Mapping[str, str] = field(default_factory=dict)
+    # Snapshots kept per table (older ones are expired; 0 keeps all).
+    retain_snapshots: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "connect_timeout": (int, float),
         "reconnect_max_backoff": (int, float),
     },
-    "sink": {"catalog_name": str, "catalog": dict, "tables": dict},
+    "sink": {"catalog_name": str, "catalog": dict, "tables": dict, "retain_snapshots": int},
     "spark": {"master": str, "app_name": str, "conf": dict},
     "apply": {
         "batch_max_bytes": int,
@@ -228,7 +230,10 @@ def _build(raw: Mapping[str, Any]) -> Config:
         catalog_name=sink_raw.get("catalog_name", "sparkapply"),
         catalog=_str_table("sink.catalog", sink_raw.get("catalog", {})),
         tables=_str_table("sink.tables", sink_raw.get("tables", {})),
+        retain_snapshots=sink_raw.get("retain_snapshots", 100),
     )
+    if sink.retain_snapshots < 0:
+        raise ConfigError("sink.retain_snapshots must be 0 or more", key="sink.retain_snapshots")
     for pg_name, ice_name in sink.tables.items():
         for name, key in ((pg_name, "key"), (ice_name, "value")):
             if name.count(".") != 1:

@@ -41,7 +41,7 @@ def _workload(dsn: str, rows: int) -> None:
         )
         # A bulk load in one transaction: streamed to the subscriber in chunks.
         conn.execute(
-            "INSERT INTO shop.orders SELECT g, 1 + g % 1000, (g % 10000) / 100.0, 'new', "
+            "INSERT INTO shop.orders SELECT g, 1 + g %% 1000, (g %% 10000) / 100.0, 'new', "
             "timestamptz '2026-01-01' + g * interval '1 minute', "
             "jsonb_build_object('n', g) FROM generate_series(1, %s) g",
             (rows,),
@@ -53,7 +53,7 @@ def _workload(dsn: str, rows: int) -> None:
         conn.execute("PREPARE TRANSACTION 'demo-vip'")
         for i in range(20):
             conn.execute("UPDATE shop.orders SET status = 'paid' WHERE id %% 20 = %s", (i,))
-        conn.execute("DELETE FROM shop.orders WHERE id %% 7 = 0")
+        conn.execute("DELETE FROM shop.orders WHERE id % 7 = 0")
         conn.execute("INSERT INTO shop.events VALUES ('cleanup', 'deleted every 7th order')")
         conn.execute("COMMIT PREPARED 'demo-vip'")
         conn.execute("DELETE FROM shop.customers WHERE id > 990")
@@ -99,17 +99,19 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
             except BaseException as exc:
                 errors.append(exc)
 
-        thread = threading.Thread(target=replicate, name="sparkapply-demo")
+        thread = threading.Thread(target=replicate, name="sparkapply-demo", daemon=True)
         thread.start()
-        log.info("running the workload (%d-row bulk load, updates, deletes, 2PC)", rows)
-        _workload(dsn, rows)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-        target = Lsn.parse(row[0]) if row else Lsn(0)
-        while thread.is_alive() and sub.summary.flushed < target:
-            time.sleep(0.5)
-        sub.stop()
-        thread.join()
+        try:
+            log.info("running the workload (%d-row bulk load, updates, deletes, 2PC)", rows)
+            _workload(dsn, rows)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            target = Lsn.parse(row[0]) if row else Lsn(0)
+            while thread.is_alive() and sub.summary.flushed < target:
+                time.sleep(0.5)
+        finally:
+            sub.stop()
+            thread.join()
         if errors:
             raise errors[0]
         catalog = sub._catalog

@@ -37,6 +37,7 @@ from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.config import Config
+from sparkapply.copy.driver import PUBLICATION_CHECK_INTERVAL, TableCopier
 from sparkapply.errors import ConnectionLostError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import INVALID_LSN, Lsn
@@ -61,6 +62,9 @@ class RunSummary:
 
 
 class Subscriber:
+    # Seconds between looks at the publication's tables (new ones are copied).
+    publication_check_interval: float = PUBLICATION_CHECK_INTERVAL
+
     def __init__(
         self,
         config: Config,
@@ -73,6 +77,7 @@ class Subscriber:
         self._catalog = catalog
         self._stop = threading.Event()
         self.summary = RunSummary()
+        self._copier: TableCopier | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -133,9 +138,22 @@ class Subscriber:
         work.mkdir(parents=True, exist_ok=True)
         conn = ReplicationConnection(src.dsn, connect_timeout=src.connect_timeout)
         try:
-            slot = ensure_slot(conn, src.slot, create=src.create_slot, two_phase=protocol.two_phase)
+            slot = ensure_slot(
+                conn,
+                src.slot,
+                create=src.create_slot,
+                two_phase=protocol.two_phase,
+                snapshot="export",
+            )
             if slot.created:
                 log.info("created replication slot %s at %s", slot.name, slot.consistent_point)
+            # Copy what is not yet in Iceberg before streaming (the exported snapshot
+            # lives until the next command on conn); see sparkapply.copy.driver.
+            copier = TableCopier(
+                cfg, spark, catalog, check_interval=self.publication_check_interval
+            )
+            slot = copier.before_streaming(conn, slot, two_phase=protocol.two_phase)
+            self._copier = copier
             progress = Progress(slot.confirmed_flush)
             prepared = PreparedStore(work / "prepared")
             assembler = Assembler(
@@ -151,7 +169,10 @@ class Subscriber:
                 table_map=dict(cfg.sink.tables),
                 proto_version=protocol.proto_version,
                 streaming=protocol.streaming,
+                retain_snapshots=cfg.sink.retain_snapshots,
             )
+            applier.before_apply = copier.before_batch  # copies tables seen for the first time
+            copier.on_copied = applier.forget
             stream = ReplicationStream(conn, status_interval=src.status_interval)
             stream.start(
                 start_replication_command(
@@ -174,6 +195,7 @@ class Subscriber:
         cfg = self.config.apply
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkapply-apply")
         running: tuple[Future[BatchStats], list[tuple[CommittedTxn, list[int]]]] | None = None
+        copying: Future[None] | None = None  # the periodic check for newly published tables
         last_ready_change = time.monotonic()
         ready_count = 0
         last_ping = 0.0
@@ -204,6 +226,18 @@ class Subscriber:
                         stats.tables,
                         progress.flushed,
                     )
+
+                if copying is not None and copying.done():
+                    copying.result()  # re-raises the copy's error
+                    copying = None
+                elif (
+                    running is None
+                    and not self._stop.is_set()
+                    and self._copier is not None
+                    and self._copier.due()
+                ):
+                    # Same single-threaded pool: batches queue behind the copy.
+                    copying = pool.submit(self._copier.refresh)
 
                 if self._stop.is_set() and running is None:
                     stream.set_flush_lsn(progress.flushed)

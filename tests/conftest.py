@@ -12,6 +12,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,19 @@ TEST_SETTINGS = {
     "debug_logical_replication_streaming": "buffered",
     "wal_sender_timeout": "20s",
 }
+
+
+def _drop_slot(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> None:
+    """Drop a slot, waiting for a terminated walsender to let go of it."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 class PgServer:
@@ -47,15 +61,19 @@ class PgServer:
 
     def drop_database(self, name: str) -> None:
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            for (slot,) in conn.execute(
-                "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
-            ).fetchall():
+            slots = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
+                ).fetchall()
+            ]
+            for slot in slots:
                 conn.execute(
                     "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
                     "WHERE slot_name = %s AND active_pid IS NOT NULL",
                     (slot,),
                 )
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                _drop_slot(conn, slot)
             for (gid,) in conn.execute(
                 "SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,)
             ).fetchall():

@@ -23,13 +23,19 @@ from sparkapply.config import Config, load_config
 from sparkapply.subscriber import RunSummary, Subscriber
 
 
+def slot_for(dsn: str) -> str:
+    """One slot name per test database: slots are cluster-wide, tests must not share."""
+    return "s_" + str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+
+
 def make_config(dsn: str, work_dir: Path, publication: str = "pub", **source: Any) -> Config:
+    slot = str(source.pop("slot", slot_for(dsn)))
     return load_config(
         None,
         env={},
         overrides={
             "work_dir": str(work_dir),
-            "source": {"dsn": dsn, "publication": publication, "slot": "s", **source},
+            "source": {"dsn": dsn, "publication": publication, "slot": slot, **source},
             "sink": {
                 "catalog": {
                     "type": "sql",
@@ -48,6 +54,7 @@ class Mirror:
     def __init__(self, dsn: str, work_dir: Path, spark: Any, **source: Any) -> None:
         self.dsn = dsn
         self.config = make_config(dsn, work_dir, **source)
+        self.slot = self.config.source.slot
         self.spark = spark
         self.catalog: Any = None
 

@@ -135,7 +135,11 @@ class CopyProgress:
         rate = rows / seconds if seconds > 0 else 0.0
         log.info(
             "copied %s: %s rows, %.1f MB in %.1f s (%s rows/s)",
-            name, f"{rows:,}", nbytes / 1e6, seconds, f"{rate:,.0f}",
+            name,
+            f"{rows:,}",
+            nbytes / 1e6,
+            seconds,
+            f"{rate:,.0f}",
         )
 
     # -- polling ----------------------------------------------------------------------

@@ -6,6 +6,7 @@ before anything is streamed or acknowledged.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ from sparkapply.errors import PublicationError, ReplicaIdentityError, SlotError,
 from sparkapply.lsn import Lsn
 from sparkapply.source.connection import ReplicationConnection, describe_dsn
 from sparkapply.source.negotiation import Protocol, create_slot_command, negotiate
+
+SLOT_RELEASE_WAIT = 30.0  # seconds to wait for a slot held by a vanished consumer
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +111,17 @@ def ensure_slot(
     snapshot: str = "nothing",
 ) -> SlotInfo:
     """Find the slot (pgoutput, this database, not in use) or create it."""
-    rows = conn.execute(
+    query = (
         "SELECT plugin, slot_type, database, active_pid, confirmed_flush_lsn, two_phase "
         f"FROM pg_replication_slots WHERE slot_name = {_literal(slot)}"
     )
+    rows = conn.execute(query)
+    # After a crash the server may not yet have noticed that our previous walsender's
+    # client is gone; it lets go of the slot within moments.
+    deadline = time.monotonic() + SLOT_RELEASE_WAIT
+    while rows and rows[0]["active_pid"] and time.monotonic() < deadline:
+        time.sleep(0.25)
+        rows = conn.execute(query)
     if rows:
         row = rows[0]
         db = conn.execute("SELECT current_database() AS db")[0]["db"]
@@ -129,7 +139,8 @@ def ensure_slot(
             )
         if row["active_pid"]:
             raise SlotError(
-                f"replication slot {slot!r} is in use by process {row['active_pid']}",
+                f"replication slot {slot!r} is in use by process {row['active_pid']} "
+                f"(still after {SLOT_RELEASE_WAIT:.0f} s)",
                 hint="stop the other consumer of this slot (another sparkapply?)",
             )
         return SlotInfo(

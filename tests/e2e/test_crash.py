@@ -25,7 +25,7 @@ def _write_config(mirror: Mirror, path: Path) -> None:
 [source]
 dsn = "{c.source.dsn}"
 publication = "pub"
-slot = "s"
+slot = "{mirror.slot}"
 [sink.catalog]
 type = "sql"
 uri = "{props["uri"]}"

@@ -23,10 +23,11 @@ from tests.mirror import Mirror
 pytestmark = pytest.mark.integration
 
 
-def _confirmed(dsn: str) -> str:
-    with psycopg.connect(dsn) as conn:
+def _confirmed(mirror: Mirror) -> str:
+    with psycopg.connect(mirror.dsn) as conn:
         row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 's'"
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (mirror.slot,),
         ).fetchone()
     assert row is not None
     return str(row[0])
@@ -49,7 +50,7 @@ def test_slot_of_the_wrong_kind(mirror: Mirror) -> None:
     mirror.sql(
         "CREATE TABLE t (id int PRIMARY KEY)",
         "CREATE PUBLICATION pub FOR TABLE t",
-        "SELECT pg_create_physical_replication_slot('s')",
+        f"SELECT pg_create_physical_replication_slot('{mirror.slot}')",
     )
     try:
         with pytest.raises(SlotError, match="is a physical slot") as info:
@@ -57,7 +58,7 @@ def test_slot_of_the_wrong_kind(mirror: Mirror) -> None:
         assert "choose another [source] slot" in str(info.value)
     finally:
         # Physical slots belong to no database: drop it before the next test.
-        mirror.sql("SELECT pg_drop_replication_slot('s')")
+        mirror.sql(f"SELECT pg_drop_replication_slot('{mirror.slot}')")
 
 
 def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -> None:
@@ -65,7 +66,7 @@ def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -
     mirror.run()
     mirror.sql("INSERT INTO t VALUES (1, 1), (2, 2)")
     mirror.run()
-    durable = _confirmed(mirror.dsn)
+    durable = _confirmed(mirror)
     mirror.sql(
         "ALTER TABLE t ALTER COLUMN n TYPE text",
         "INSERT INTO t VALUES (3, 'three')",
@@ -77,7 +78,7 @@ def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -
     assert "int" in text and "string" in text
     assert "lsn" in text
     # Nothing past the failed transaction was acknowledged, and Iceberg kept its rows.
-    assert _confirmed(mirror.dsn) == durable
+    assert _confirmed(mirror) == durable
     _, rows = mirror.iceberg_rows("public.t")
     assert sorted(rows) == [(1, 1), (2, 2)]
 

@@ -123,7 +123,8 @@ def test_slot_advances_while_only_unpublished_tables_change(mirror: Mirror) -> N
     def confirmed() -> str:
         with psycopg.connect(mirror.dsn) as conn:
             row = conn.execute(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 's'"
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                (mirror.slot,),
             ).fetchone()
         assert row is not None
         return str(row[0])

@@ -56,14 +56,18 @@ def test_restart_between_prepare_and_commit_prepared(mirror: Mirror, pg_server: 
         )
     finally:
         pg_server.set_streaming("buffered")
+    with psycopg.connect(mirror.dsn) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    after_prepares = row[0]
     mirror.run()  # stages all three and acknowledges past their PREPAREs
     with psycopg.connect(mirror.dsn) as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn >= (SELECT max(lsn) FROM pg_prepared_xacts p "
-            "JOIN LATERAL (SELECT pg_current_wal_insert_lsn() AS lsn) x ON true) "
-            "FROM pg_replication_slots WHERE slot_name = 's'"
+        acked = conn.execute(
+            "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (after_prepares, mirror.slot),
         ).fetchone()
-    assert row is not None
+    assert acked == (True,)  # the slot no longer holds WAL for the prepared transactions
     staged = sorted(p.name for p in (mirror.config.work_dir / "prepared").glob("*.json"))
     assert len(staged) == 3, staged
     # A new subscriber (a restart) sees only COMMIT/ROLLBACK PREPARED.

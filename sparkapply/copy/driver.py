@@ -1,0 +1,589 @@
+"""The copy driver: which tables to copy, as of which snapshot, and the hand-over to the stream.
+
+A user's tables already hold rows when sparkapply first starts. The copy reads every
+published table as of one snapshot of the publisher, in Spark tasks (one per slice of
+heap blocks, see :mod:`sparkapply.copy.tasks`), and commits each table's files in one
+Iceberg snapshot; the stream then applies everything committed after that snapshot.
+
+THE HAND-OVER (why no row is lost or applied twice)
+
+    ``CREATE_REPLICATION_SLOT s LOGICAL pgoutput (SNAPSHOT 'export')`` returns the
+    slot's consistent point C and the name of a snapshot S. PostgreSQL guarantees the
+    pair fits: S sees exactly the transactions whose commit record lies before C, and
+    the slot decodes exactly those whose commit record starts at or after C (the
+    decoder skips a commit when ``commit < start_decoding_at``, and that is C for a
+    new slot). A transaction still running, prepared included, when the slot began
+    building its snapshot must end before the slot becomes consistent, so none
+    straddles C; one prepared before C and committed after it is in neither S nor
+    skipped: the stream sends it whole at COMMIT PREPARED.
+
+    Every slice joins S (``SET TRANSACTION SNAPSHOT``), so the copy of every table is
+    the table as of C. Each table is committed in ONE Iceberg snapshot stamped with
+    the applied LSN **C - 1**: "contains every commit below C". The applier skips, per
+    table, the transactions whose commit LSN is at or below the applied LSN, and
+    applies the rest: exactly those at or after C. Stamping C itself would be wrong by
+    one transaction: C is the end of the WAL record that made the slot consistent,
+    which is where the next record starts, and a commit record can start right there;
+    it is not in S and is decoded, and it must be applied.
+
+    Streaming starts at the slot's confirmed position, which is C. The snapshot lives
+    while the exporting replication connection stays idle; it is kept open during the
+    copy and its next command is START_REPLICATION.
+
+FAILURE AND RESTART
+
+    What is durable is the Iceberg table: a table whose copy committed has an applied
+    LSN (the copy's snapshot is the first sparkapply snapshot of the table); a table
+    without one has not been copied. Nothing is acknowledged to the publisher before
+    every table has been copied: streaming (and with it every status update) starts
+    after the copy. On restart the exported snapshot is gone with its connection:
+
+    - the slot exists and NO published table has been copied (and no prepared
+      transaction is staged): nothing was ever applied from this slot, so it is
+      dropped and created again with a fresh exported snapshot, and everything is
+      copied as above. Only when ``create_slot`` is on.
+    - some tables were copied: those stay; the others are copied from a snapshot of
+      their own. ``CREATE_REPLICATION_SLOT t TEMPORARY LOGICAL pgoutput (SNAPSHOT
+      'export')`` on a second replication connection gives a snapshot S' and its
+      consistent point C' with the same guarantee as above, and C' is at or after the
+      main slot's confirmed position F (F was reported before C' existed). The table
+      is stamped C' - 1; streaming resumes at F; the table's transactions between F
+      and C' are in S' and are skipped by their commit LSN, those at or after C' are
+      applied. The other tables are unaffected: they skip by their own applied LSN.
+
+    A kill anywhere leaves each table either committed (complete, stamped) or not
+    committed at all (data files written by the tasks are unreferenced orphans), and
+    the rules above re-copy exactly the tables that are not. The commit of the copy
+    replaces the table's contents, so a table that had files without an applied LSN
+    (never the case for tables sparkapply made) cannot end up with rows twice.
+
+TABLES ADDED LATER, AND RESYNC
+
+    A table that joins the publication while the stream runs is found by a periodic
+    check of ``pg_publication_tables`` or by its first RELATION message. It is copied
+    the same way, from a temporary slot's snapshot S'/C', in the apply thread: before
+    the batch that first touches it, or on its own when found by the check. The
+    receiving thread keeps reading and answering keepalives meanwhile; no batch is
+    applied while a copy runs (the apply pool has one thread), so no transaction of
+    the table is acknowledged before its copy is durable. The table's transactions
+    that the stream already holds or will send with a commit below C' are in S' and
+    are skipped; the rest are applied. Changes made before the table was published are
+    never in the stream; S' has them.
+
+    ``sparkapply resync`` re-copies one table from a temporary slot's snapshot and
+    replaces its contents in one Iceberg snapshot stamped C' - 1. The stored applied
+    LSN is a commit the server had decoded before C' existed, so it is below C' - 1
+    and the commit is allowed. It refuses to run while the main slot is in use: a
+    running subscriber would keep applying from its cached applied LSN.
+
+Known limits: a table removed from the publication and added again later keeps its
+applied LSN, so it is not copied again by itself (its changes in between were never
+published): run ``resync`` for it. A partitioned table published through its root is
+copied in one slice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from sparkapply.changes.prepared import PreparedStore
+from sparkapply.changes.transaction import CommittedTxn
+from sparkapply.config import Config
+from sparkapply.convert.schema import iceberg_schema_for, plan_evolution
+from sparkapply.copy.progress import CopyProgress
+from sparkapply.copy.snapshot import (
+    DEFAULT_SLICE_BYTES,
+    SourceTable,
+    copy_query,
+    describe_tables,
+    plan_slices,
+    published_tables,
+)
+from sparkapply.copy.tasks import SliceResult, SliceTask, run_slice
+from sparkapply.errors import (
+    ConfigError,
+    ConnectionLostError,
+    CopyError,
+    PublicationError,
+    SlotError,
+    SparkapplyError,
+)
+from sparkapply.failpoints import failpoint
+from sparkapply.lsn import Lsn
+from sparkapply.sink.arrow import arrow_schema_of
+from sparkapply.sink.commit import commit_files
+from sparkapply.sink.files import current_snapshot_id, remove_orphans
+from sparkapply.sink.progress import applied_lsn
+from sparkapply.sink.tables import apply_evolution, data_directory, ensure_table
+from sparkapply.source.connection import SESSION_OPTIONS, ReplicationConnection
+from sparkapply.source.negotiation import quote_ident, quote_literal
+from sparkapply.source.publisher import SlotInfo, check_publisher, ensure_slot
+
+log = logging.getLogger(__name__)
+
+PUBLICATION_CHECK_INTERVAL = 30.0
+"""Seconds between two looks at ``pg_publication_tables`` while streaming."""
+
+_temporary_slots = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class CopyPoint:
+    """An exported snapshot and its slot's consistent point C."""
+
+    snapshot: str
+    lsn: Lsn
+
+    @property
+    def stamp(self) -> Lsn:
+        """The applied LSN of a table copied at this point: every commit below C."""
+        return Lsn(self.lsn - 1)
+
+
+@dataclass(slots=True)
+class CopyReport:
+    point: CopyPoint | None = None
+    rows: dict[str, int] = field(default_factory=dict)  # Iceberg "ns.table" → rows
+    bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+
+@dataclass(slots=True)
+class _Planned:
+    source: SourceTable
+    ident: tuple[str, str]
+    table: Any  # pyiceberg Table
+    base_snapshot: int | None
+    slices: int = 0
+
+
+class TableCopier:
+    """Copies published tables into Iceberg; see the module doc for the contract.
+
+    Call order: :meth:`before_streaming` once per replication session, on the
+    connection that will stream, before START_REPLICATION; then, from the apply thread
+    only, :meth:`before_batch` before each batch and :meth:`refresh` when :meth:`due`.
+    ``on_copied`` is told each Iceberg table a copy committed, so that the applier
+    drops what it cached about it.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        spark: Any,
+        catalog: Any,
+        *,
+        check_interval: float = PUBLICATION_CHECK_INTERVAL,
+        slice_bytes: int = DEFAULT_SLICE_BYTES,
+    ) -> None:
+        self.config = config
+        self.spark = spark
+        self.catalog = catalog
+        self.check_interval = check_interval
+        self.slice_bytes = slice_bytes
+        self.on_copied: Callable[[tuple[str, str]], None] | None = None
+        self.reports: list[CopyReport] = []
+        self._known: set[tuple[str, str]] = set()  # copied, or not ours to copy
+        self._last_check = time.monotonic()
+
+    def target(self, schema: str, name: str) -> tuple[str, str]:
+        """The Iceberg identifier of a PostgreSQL table (``[sink] tables`` mapping)."""
+        mapped = self.config.sink.tables.get(f"{schema}.{name}")
+        if mapped:
+            ns, table = mapped.split(".", 1)
+            return ns, table
+        return schema, name
+
+    # -- session start -----------------------------------------------------------------
+
+    def before_streaming(
+        self, conn: ReplicationConnection, slot: SlotInfo, *, two_phase: bool
+    ) -> SlotInfo:
+        """Copy what is not yet copied; return the slot to stream from (maybe new)."""
+        src = self.config.source
+        if slot.created:
+            self._copy_at(_point_of(slot), None, "initial copy")
+            return slot
+        with self._connect() as c:
+            names = published_tables(c, src.publication)
+        uncopied = self._uncopied(names)
+        if not uncopied:
+            return slot
+        if len(uncopied) == len(names) and src.create_slot and not self._prepared_staged():
+            log.warning(
+                "slot %s exists but no published table has been copied (an earlier copy "
+                "did not finish); dropping the slot and creating it with a fresh snapshot",
+                slot.name,
+            )
+            conn.execute(f"DROP_REPLICATION_SLOT {quote_ident(slot.name)}")
+            failpoint("copy-after-drop-slot")
+            slot = ensure_slot(conn, slot.name, create=True, two_phase=two_phase, snapshot="export")
+            log.info("created replication slot %s at %s", slot.name, slot.consistent_point)
+            self._copy_at(_point_of(slot), None, "initial copy")
+            return slot
+        self.copy_from_temporary_snapshot(uncopied, "copy of the tables not yet copied")
+        return slot
+
+    # -- while streaming (apply thread) ------------------------------------------------
+
+    def before_batch(self, batch: Sequence[CommittedTxn]) -> None:
+        """Copy the tables a batch touches that have never been copied."""
+        seen: set[tuple[str, str]] = set()
+        for txn in batch:
+            for rel in [*txn.relations.values(), *txn.relation_messages]:
+                key = (rel.namespace or "pg_catalog", rel.name)
+                if key not in self._known:
+                    seen.add(key)
+        if seen:
+            self._check(sorted(seen), "first change of the table in the stream")
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last_check >= self.check_interval
+
+    def refresh(self) -> None:
+        """The periodic check: copy tables added to the publication since the last one."""
+        self._last_check = time.monotonic()
+        with self._connect() as c:
+            names = published_tables(c, self.config.source.publication)
+        new = [n for n in names if n not in self._known]
+        if new:
+            self._check(new, "table added to the publication")
+
+    def _check(self, names: Sequence[tuple[str, str]], reason: str) -> None:
+        with self._connect() as c:
+            published = set(published_tables(c, self.config.source.publication))
+        for name in names:
+            if name not in published:
+                log.warning(
+                    "table %s.%s is in the stream but not in the publication now; its "
+                    "changes are applied without a copy",
+                    *name,
+                )
+                self._known.add(name)
+        uncopied = self._uncopied([n for n in names if n in published])
+        if uncopied:
+            self.copy_from_temporary_snapshot(uncopied, reason)
+
+    def _uncopied(self, names: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Create the Iceberg tables of ``names``; return those never copied."""
+        if not names:
+            return []
+        with self._connect() as c:
+            tables = describe_tables(c, self.config.source.publication, names)
+        out = []
+        for t in tables:
+            table = self._prepare(t, None)
+            if applied_lsn(table) is None:
+                out.append(t.key)
+            else:
+                self._known.add(t.key)
+        return out
+
+    # -- copying -------------------------------------------------------------------------
+
+    def copy_from_temporary_snapshot(
+        self, names: Sequence[tuple[str, str]], reason: str
+    ) -> CopyReport:
+        """Copy ``names`` as of a fresh snapshot of a temporary slot (see the module doc)."""
+        with self.temporary_snapshot(", ".join(f"{s}.{t}" for s, t in names)) as point:
+            return self._copy_at(point, names, reason)
+
+    @contextlib.contextmanager
+    def temporary_snapshot(self, what: str) -> Iterator[CopyPoint]:
+        """A snapshot exported by a temporary slot, alive for the block."""
+        src = self.config.source
+        base = re.sub(r"[^a-z0-9_]", "_", src.slot.lower())[:36]
+        name = f"{base}_copy_{os.getpid()}_{next(_temporary_slots)}"
+        conn = ReplicationConnection(src.dsn, connect_timeout=src.connect_timeout)
+        try:
+            log.info(
+                "creating temporary slot %s for the copy of %s (waits for the publisher's "
+                "running transactions, prepared ones included, to end)",
+                name,
+                what,
+            )
+            rows = conn.execute(
+                f"CREATE_REPLICATION_SLOT {quote_ident(name)} TEMPORARY LOGICAL pgoutput "
+                "(SNAPSHOT 'export')"
+            )
+            snapshot = rows[0].get("snapshot_name") if rows else None
+            if not snapshot:
+                raise CopyError(
+                    f"temporary slot {name} exported no snapshot",
+                    hint="the publisher must support CREATE_REPLICATION_SLOT ... "
+                    "(SNAPSHOT 'export') (PostgreSQL 15+)",
+                )
+            yield CopyPoint(snapshot, Lsn.parse(rows[0]["consistent_point"] or "0/0"))
+        finally:
+            conn.close()
+
+    def _copy_at(
+        self, point: CopyPoint, only: Sequence[tuple[str, str]] | None, reason: str
+    ) -> CopyReport:
+        """Copy the published tables (or ``only`` of them) as of ``point``."""
+        started = time.monotonic()
+        src = self.config.source
+        report = CopyReport(point)
+        with self._connect() as c:
+            c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            c.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(point.snapshot)}")
+            tables = describe_tables(c, src.publication, only)
+            c.execute("COMMIT")
+        if not tables:
+            return report
+        log.info(
+            "%s: %d table(s) as of %s (snapshot %s): %s",
+            reason,
+            len(tables),
+            point.lsn,
+            point.snapshot,
+            ", ".join(t.qualified for t in tables),
+        )
+        # Every table exists in Iceberg before any row is read (empty ones included).
+        planned = [self._plan(t, point) for t in tables]
+        token = secrets.token_hex(4)
+        tag_prefix = f"sparkapply-copy {token}:"
+        tasks = self._tasks(planned, point, tag_prefix)
+        slices_of = {t.tag: t.table for t in tasks}
+        estimates = {p.source.qualified: p.source.estimated_rows for p in planned}
+        results: list[SliceResult] = []
+        if tasks:
+            with CopyProgress(src.dsn, tag_prefix, slices_of, estimates) as progress:
+                results = self._run(tasks)
+                for p in planned:
+                    mine = [r for r in results if r.table == p.source.qualified]
+                    if mine and all(r.error is None for r in mine):
+                        progress.table_done(
+                            p.source.qualified,
+                            sum(r.rows for r in mine),
+                            sum(r.bytes for r in mine),
+                            time.monotonic() - started,
+                        )
+        failpoint("copy-before-commit")
+        errors = self._commit(planned, results, point, report)
+        report.seconds = time.monotonic() - started
+        self.reports.append(report)
+        if errors:
+            raise errors[0]
+        log.info(
+            "%s done: %s rows in %d table(s) in %.1f s; stamped %s",
+            reason,
+            f"{report.total_rows:,}",
+            len(planned),
+            report.seconds,
+            point.stamp,
+        )
+        return report
+
+    def _plan(self, source: SourceTable, point: CopyPoint) -> _Planned:
+        ident = self.target(source.schema, source.name)
+        table = self._prepare(source, point.lsn)
+        applied = applied_lsn(table)
+        if applied is not None and applied >= point.stamp:
+            raise CopyError(
+                f"the Iceberg table {'.'.join(ident)} already contains changes up to "
+                f"{applied}, not before the copy's snapshot at {point.lsn}",
+                table=source.qualified,
+                hint="another sparkapply is applying to this table; stop it, then run "
+                "`sparkapply resync` for the table",
+            )
+        return _Planned(source, ident, table, current_snapshot_id(table))
+
+    def _prepare(self, source: SourceTable, lsn: Lsn | None) -> Any:
+        """Create the Iceberg table, or evolve it to the source's columns, as the
+        applier does for a RELATION message."""
+        ident = self.target(source.schema, source.name)
+        table = ensure_table(self.catalog, ident, iceberg_schema_for(source.relation))
+        plan = plan_evolution(table.schema(), source.relation, lsn=lsn)
+        if plan.requires_update:
+            apply_evolution(
+                table,
+                add_columns=[(a.name, a.field_type) for a in plan.add],
+                widen=[(w.path[0], w.new_type) for w in plan.widen if len(w.path) == 1],
+                identifier_fields=(
+                    list(plan.identifier_field_names) if plan.identifier_changed else None
+                ),
+                lsn=lsn,
+            )
+            table = self.catalog.load_table(ident)
+        return table
+
+    def _tasks(self, planned: list[_Planned], point: CopyPoint, prefix: str) -> list[SliceTask]:
+        parallelism = int(getattr(self.spark.sparkContext, "defaultParallelism", 2) or 2)
+        tasks: list[SliceTask] = []
+        n = itertools.count()
+        for p in planned:
+            slices = plan_slices(p.source, slice_bytes=self.slice_bytes, parallelism=parallelism)
+            p.slices = len(slices)
+            if not slices:
+                continue
+            schema = arrow_schema_of(p.table)
+            data_dir = data_directory(p.table)
+            per_slice = p.source.size_bytes // len(slices)
+            for i, piece in enumerate(slices):
+                tag = f"{prefix}{next(n)}"
+                tasks.append(
+                    SliceTask(
+                        table=p.source.qualified,
+                        target=".".join(p.ident),
+                        slice_no=i,
+                        tag=tag,
+                        conninfo=_task_conninfo(self.config.source.dsn, tag),
+                        snapshot=point.snapshot,
+                        query=copy_query(p.source, piece),
+                        columns=p.source.columns,
+                        schema=schema,
+                        data_dir=data_dir,
+                        estimated_bytes=per_slice,
+                    )
+                )
+        tasks.sort(key=lambda t: -t.estimated_bytes)
+        return tasks
+
+    def _run(self, tasks: list[SliceTask]) -> list[SliceResult]:
+        """One Spark job, one partition per slice, biggest first."""
+        rdd = self.spark.sparkContext.parallelize(tasks, len(tasks))
+        try:
+            results: list[SliceResult] = rdd.map(run_slice).collect()
+        except Exception as exc:  # an executor died, the job was cancelled, ...
+            first = (str(exc).strip().splitlines() or [""])[0][:500]
+            raise CopyError(
+                f"the copy's Spark job failed: {type(exc).__name__}: {first}",
+                table=", ".join(sorted({t.table for t in tasks})),
+                hint="nothing of these tables was committed; their copy starts again on the "
+                "next run (files the job wrote are unreferenced orphans)",
+            ) from exc
+        return results
+
+    def _commit(
+        self,
+        planned: list[_Planned],
+        results: list[SliceResult],
+        point: CopyPoint,
+        report: CopyReport,
+    ) -> list[SparkapplyError]:
+        """One Iceberg snapshot per table that copied without error; orphans removed
+        for the others. Returns the errors (each names its table)."""
+        errors: list[SparkapplyError] = []
+        for p in planned:
+            mine = [r for r in results if r.table == p.source.qualified]
+            files = [f for r in mine for f in r.files]
+            failed = [r.error for r in mine if r.error is not None]
+            if failed:
+                remove_orphans(p.table, files)
+                errors.extend(failed)
+                continue
+            rows = sum(r.rows for r in mine)
+            try:
+                commit_files(
+                    p.table,
+                    added=files,
+                    truncate=True,
+                    lsn=point.stamp,
+                    base_snapshot_id=p.base_snapshot,
+                    extra_summary={
+                        "sparkapply.copy-lsn": str(point.lsn),
+                        "sparkapply.copy-rows": str(rows),
+                    },
+                )
+            except SparkapplyError as exc:
+                remove_orphans(p.table, files)
+                errors.append(exc.with_context(table=p.source.qualified))
+                continue
+            failpoint("copy-after-table-commit")
+            report.rows[".".join(p.ident)] = rows
+            report.bytes += sum(r.bytes for r in mine)
+            self._known.add(p.source.key)
+            if self.on_copied is not None:
+                self.on_copied(p.ident)
+        return errors
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        dsn = self.config.source.dsn
+        try:
+            return psycopg.connect(dsn, autocommit=True, application_name="sparkapply-copy-driver")
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(
+                f"cannot connect to the publisher for the copy: {str(exc).strip()}"
+            ) from exc
+
+    def _prepared_staged(self) -> bool:
+        return bool(PreparedStore(self.config.work_dir / "prepared").xids())
+
+
+def _point_of(slot: SlotInfo) -> CopyPoint:
+    if not slot.snapshot_name or slot.consistent_point is None:
+        raise CopyError(
+            f"replication slot {slot.name} was created without an exported snapshot",
+            hint="the publisher must accept CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')",
+        )
+    return CopyPoint(slot.snapshot_name, slot.consistent_point)
+
+
+def _task_conninfo(dsn: str, tag: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    extra = str(params.get("options") or "")
+    return psycopg.conninfo.make_conninfo(
+        dsn,
+        application_name=tag,
+        client_encoding="UTF8",
+        options=(extra + " " + SESSION_OPTIONS + " -c statement_timeout=0").strip(),
+    )
+
+
+# -- resync ----------------------------------------------------------------------------
+
+
+def resync(config: Config, table: str, *, spark: Any = None, catalog: Any = None) -> CopyReport:
+    """Re-copy one published table (``schema.table``) as of a fresh snapshot and
+    replace its Iceberg contents in one snapshot. The subscriber must be stopped."""
+    schema, sep, name = table.partition(".")
+    if not sep or not schema or not name:
+        raise ConfigError(f"--table must be schema.table, got {table!r}", key="--table")
+    src = config.source
+    check_publisher(src.dsn, src.publication)
+    with psycopg.connect(src.dsn, autocommit=True) as c:
+        published = published_tables(c, src.publication)
+        row = c.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (src.slot,)
+        ).fetchone()
+    if (schema, name) not in published:
+        raise PublicationError(
+            f"table {schema}.{name} is not published by {', '.join(src.publication)}",
+            relation=f"{schema}.{name}",
+            hint="check the name (schema.table, as in pg_publication_tables) or add the "
+            "table to the publication",
+        )
+    if row is not None and row[0] is not None:
+        raise SlotError(
+            f"replication slot {src.slot!r} is in use by process {row[0]}: sparkapply is "
+            f"running; cannot resync {schema}.{name} under it",
+            hint="stop sparkapply, run resync, then start it again",
+        )
+    if catalog is None:
+        from sparkapply.sink.catalog import open_catalog
+
+        catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
+    if spark is None:
+        from sparkapply.apply.session import get_session
+
+        spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
+    copier = TableCopier(config, spark, catalog)
+    return copier.copy_from_temporary_snapshot([(schema, name)], f"resync of {schema}.{name}")

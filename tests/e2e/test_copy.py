@@ -1,0 +1,375 @@
+"""End to end: the initial copy, its hand-over to the stream, tables added later, resync,
+and kills in the middle of a copy. Compared row by row with PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from sparkapply.cli import main as cli_main
+from sparkapply.copy.driver import resync
+from sparkapply.errors import PublicationError, SlotError
+from sparkapply.lsn import Lsn
+from sparkapply.sink.catalog import open_catalog
+from sparkapply.subscriber import Subscriber
+from tests.mirror import Mirror, normalize
+
+pytestmark = pytest.mark.integration
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _insert_lsn(mirror: Mirror) -> Lsn:
+    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
+
+
+def _assert_equals_query(mirror: Mirror, table: str, query: str) -> None:
+    """Iceberg ``table`` holds exactly the rows (and columns) of ``query``."""
+    with psycopg.connect(mirror.dsn) as conn:
+        cur = conn.execute(query)  # type: ignore[arg-type]
+        cols = [d.name for d in cur.description or []]
+        pg = sorted((tuple(normalize(v) for v in r) for r in cur.fetchall()), key=repr)
+    ice_cols, rows = mirror.iceberg_rows(table)
+    assert ice_cols == cols, f"{table}: Iceberg columns {ice_cols}, publication {cols}"
+    ice = sorted((tuple(normalize(v) for v in r) for r in rows), key=repr)
+    assert len(pg) == len(ice), f"{table}: {len(pg)} rows published, {len(ice)} in Iceberg"
+    assert pg == ice
+
+
+def _copy_snapshots(mirror: Mirror, table: str) -> list[dict[str, str]]:
+    ns, name = table.split(".")
+    t = mirror.catalog.load_table((ns, name))
+    return [
+        dict(s.summary.additional_properties)
+        for s in t.snapshots()
+        if s.summary is not None and "sparkapply.copy-lsn" in s.summary.additional_properties
+    ]
+
+
+def test_existing_rows_are_copied_then_streamed(mirror: Mirror) -> None:
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(10,2), b bytea, tags text[])",
+        "INSERT INTO t SELECT g, 'v' || g || E'\\ttab\\nnl\\\\bs', g / 3.0, "
+        "decode(md5(g::text), 'hex'), ARRAY['a', NULL, 'c\"q'] FROM generate_series(1, 5000) g",
+        "INSERT INTO t VALUES (0, NULL, NULL, NULL, NULL), (-1, '', 0, '', '{}')",
+        "CREATE TABLE empty (id int PRIMARY KEY)",
+        "CREATE PUBLICATION pub FOR TABLE t, empty",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t", "public.empty")
+    # One copy snapshot per table, stamped just below the slot's consistent point.
+    (copy,) = _copy_snapshots(mirror, "public.t")
+    assert Lsn.parse(copy["sparkapply.lsn"]) == Lsn.parse(copy["sparkapply.copy-lsn"]) - 1
+    assert copy["sparkapply.copy-rows"] == "5002"
+    assert len(_copy_snapshots(mirror, "public.empty")) == 1
+    mirror.sql(
+        "UPDATE t SET v = 'changed' WHERE id % 10 = 0",
+        "DELETE FROM t WHERE id % 7 = 0",
+        "INSERT INTO empty VALUES (1), (2)",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t", "public.empty")
+    assert len(_copy_snapshots(mirror, "public.t")) == 1  # not copied again
+
+
+@pytest.mark.slow
+def test_million_rows_copied_while_the_publisher_writes(mirror: Mirror) -> None:
+    """Inserts, updates and deletes from another connection during the whole copy."""
+    rows = 1_000_000
+    mirror.sql(
+        "CREATE TABLE big (id int PRIMARY KEY, n int)",
+        f"INSERT INTO big SELECT g, g FROM generate_series(1, {rows}) g",
+        "CREATE PUBLICATION pub FOR TABLE big",
+    )
+    stop = threading.Event()
+    commits: list[int] = []
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        rng = random.Random(4)
+        try:
+            with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    with conn.transaction():
+                        conn.execute("INSERT INTO big VALUES (%s, -1)", (rows + i,))
+                        conn.execute(
+                            "UPDATE big SET n = n + 1 WHERE id IN (%s, %s)",
+                            (rng.randint(1, rows), rng.randint(1, rows + i)),
+                        )
+                        conn.execute("DELETE FROM big WHERE id = %s", (rng.randint(1, rows + i),))
+                    commits.append(i)
+                    time.sleep(0.002)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        _wait(lambda: len(commits) > 20, "the writer to start")
+        before = len(commits)
+        first = mirror.run()  # creates the slot, copies while the writer runs, catches up
+        during = len(commits) - before
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert during > 50, f"only {during} transactions committed during the run"
+    assert first.transactions > 0  # transactions after the snapshot were streamed
+    mirror.run()
+    mirror.assert_mirrored("public.big")
+
+
+def test_column_lists_and_row_filters(mirror: Mirror) -> None:
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, a int, secret text, c text)",
+        "INSERT INTO t SELECT g, g % 50, 'hidden' || g, 'c' || g FROM generate_series(1, 3000) g",
+        "CREATE TABLE u (a int, b text)",
+        "ALTER TABLE u REPLICA IDENTITY FULL",
+        "INSERT INTO u SELECT g % 40, 'b' || g FROM generate_series(1, 2000) g",
+        "CREATE PUBLICATION pub FOR TABLE t (id, a, c) WHERE (id > 1000), u WHERE (a % 2 = 0)",
+    )
+    t_query = "SELECT id, a, c FROM t WHERE id > 1000"
+    u_query = "SELECT a, b FROM u WHERE a % 2 = 0"
+    mirror.run()
+    _assert_equals_query(mirror, "public.t", t_query)
+    _assert_equals_query(mirror, "public.u", u_query)
+    mirror.sql(
+        "INSERT INTO t VALUES (-5, 1, 's', 'below'), (5005, 2, 's', 'above')",
+        "UPDATE t SET id = id + 10000 WHERE id BETWEEN 1 AND 10",  # moves rows into the filter
+        "UPDATE t SET c = 'changed', secret = 'x' WHERE id % 3 = 0",
+        "DELETE FROM t WHERE id % 11 = 0",
+        "UPDATE u SET a = a + 1 WHERE b LIKE 'b1%'",  # in and out of the filter
+        "DELETE FROM u WHERE b LIKE 'b2%'",
+    )
+    mirror.run()
+    _assert_equals_query(mirror, "public.t", t_query)
+    _assert_equals_query(mirror, "public.u", u_query)
+
+
+def test_tables_added_to_the_publication_are_copied_while_streaming(mirror: Mirror) -> None:
+    mirror.sql(
+        "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        "CREATE TABLE b (id int PRIMARY KEY, v text)",
+        "CREATE TABLE c (id int PRIMARY KEY, v text)",
+        "INSERT INTO b SELECT g, 'b' || g FROM generate_series(1, 3000) g",
+        "INSERT INTO c SELECT g, 'c' || g FROM generate_series(1, 2000) g",
+        "CREATE PUBLICATION pub FOR TABLE a",
+    )
+    c = mirror.config
+    mirror.catalog = open_catalog(c.sink.catalog_name, c.catalog_properties())
+    sub = Subscriber(c, spark=mirror.spark, catalog=mirror.catalog)
+    sub.publication_check_interval = 3600.0  # b must be found by its first change
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sub.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def copied(table: str) -> bool:
+        copier = sub._copier
+        return copier is not None and any(table in r.rows for r in copier.reports)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        _wait(lambda: sub._copier is not None or bool(errors), "the slot and the first copy")
+        mirror.sql("INSERT INTO a VALUES (1, 'streamed')")
+        _wait(lambda: sub.summary.transactions >= 1 or bool(errors), "streaming to start")
+        # b: published, then changed. Its first RELATION message triggers the copy;
+        # the changes made before the copy's snapshot must not be applied twice.
+        mirror.sql(
+            "ALTER PUBLICATION pub ADD TABLE b",
+            "UPDATE b SET v = 'u' WHERE id % 3 = 0",
+            "DELETE FROM b WHERE id % 5 = 0",
+            "INSERT INTO b VALUES (100000, 'new')",
+        )
+        _wait(lambda: copied("public.b") or bool(errors), "the copy of b")
+        mirror.sql("UPDATE b SET v = 'after copy' WHERE id < 100", "INSERT INTO a VALUES (2, 'x')")
+        # c: published and idle: the periodic check finds it.
+        mirror.sql("ALTER PUBLICATION pub ADD TABLE c")
+        assert sub._copier is not None
+        sub._copier.check_interval = 0.5
+        _wait(lambda: copied("public.c") or bool(errors), "the copy of c")
+        mirror.sql("DELETE FROM c WHERE id <= 10", "UPDATE c SET v = 'streamed' WHERE id = 20")
+        target = _insert_lsn(mirror)
+        _wait(lambda: sub.summary.flushed >= target or bool(errors), "the stream to catch up")
+    finally:
+        sub.stop()
+        thread.join()
+    assert not errors, errors
+    mirror.assert_mirrored("public.a", "public.b", "public.c")
+    assert len(_copy_snapshots(mirror, "public.b")) == 1
+    assert len(_copy_snapshots(mirror, "public.c")) == 1
+
+
+def test_resync_replaces_a_table_that_drifted(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "CREATE TABLE other (id int PRIMARY KEY)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 2000) g",
+        "CREATE PUBLICATION pub FOR TABLE t, other",
+    )
+    mirror.run()
+    # Changes made while the table is out of the publication are never streamed:
+    # the mirror drifts, and only a resync can repair it.
+    mirror.sql(
+        "ALTER PUBLICATION pub DROP TABLE t",
+        "DELETE FROM t WHERE id <= 500",
+        "UPDATE t SET v = 'unpublished' WHERE id % 2 = 0",
+        "ALTER PUBLICATION pub ADD TABLE t",
+        "INSERT INTO t VALUES (9999, 'published again')",
+    )
+    mirror.run()
+    with pytest.raises(AssertionError):
+        mirror.assert_mirrored("public.t")
+
+    report = resync(mirror.config, "public.t", spark=mirror.spark, catalog=mirror.catalog)
+    assert report.rows == {"public.t": 1501}
+    mirror.assert_mirrored("public.t", "public.other")
+    mirror.sql("UPDATE t SET v = 'after resync' WHERE id > 1900", "DELETE FROM t WHERE id = 9999")
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+
+    with pytest.raises(PublicationError, match=r"public\.nope is not published"):
+        resync(mirror.config, "public.nope", spark=mirror.spark, catalog=mirror.catalog)
+
+
+def test_resync_command_and_its_refusals(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    mirror.run()
+    cfg = tmp_path / "resync.toml"
+    _write_config(mirror, cfg)
+    assert cli_main(["resync", "--config", str(cfg), "--table", "t"]) == 2  # not schema.table
+    assert cli_main(["resync", "--config", str(cfg), "--table", "public.missing"]) == 2
+    assert cli_main(["resync", "--config", str(cfg), "--table", "public.t"]) == 0
+    assert len(_copy_snapshots(mirror, "public.t")) == 2
+    mirror.assert_mirrored("public.t")
+    # Refused while the slot is in use (a running subscriber).
+    with _slot_in_use(mirror), pytest.raises(SlotError, match="in use"):
+        resync(mirror.config, "public.t", spark=mirror.spark, catalog=mirror.catalog)
+
+
+class _slot_in_use:
+    """Holds the subscriber's slot active, as a running subscriber does."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        from sparkapply.source.connection import ReplicationConnection
+        from sparkapply.source.negotiation import negotiate, start_replication_command
+
+        self._conn = ReplicationConnection(mirror.dsn)
+        protocol = negotiate(self._conn.server_version)
+        self._conn.start_copy_both(start_replication_command("s", Lsn(0), ["pub"], protocol))
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        self._conn.close()
+
+
+# -- kills in the middle of the copy -----------------------------------------------------
+
+
+def _write_config(mirror: Mirror, path: Path) -> None:
+    c = mirror.config
+    props = c.sink.catalog
+    path.write_text(
+        f"""work_dir = "{c.work_dir}"
+[source]
+dsn = "{c.source.dsn}"
+publication = "pub"
+slot = "s"
+[sink.catalog]
+type = "sql"
+uri = "{props["uri"]}"
+warehouse = "{props["warehouse"]}"
+[spark]
+master = "local[1]"
+[apply]
+batch_linger = 0.1
+"""
+    )
+
+
+def _run_killed(mirror: Mirror, failpoint: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "crash.toml"
+    _write_config(mirror, cfg)
+    env = {**os.environ, "SPARKAPPLY_TEST_FAILPOINT": failpoint}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg), "--until-caught-up"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, (
+        f"failpoint {failpoint} was not hit (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        "copy-progress",  # slices are being read: nothing committed, slot then recreated
+        "copy-before-commit",  # every slice written, nothing committed
+        "copy-after-table-commit",  # one table committed: the others from a new snapshot
+        "copy-after-table-commit:2",
+    ],
+)
+def test_kill_during_the_copy_and_restart(mirror: Mirror, tmp_path: Path, failpoint: str) -> None:
+    mirror.sql(
+        "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        "CREATE TABLE b (id int PRIMARY KEY, n int)",
+        "CREATE TABLE c (id int PRIMARY KEY, n int)",
+        # a takes a few seconds to read, so the progress poll sees it running.
+        "INSERT INTO a SELECT g, repeat('x', 200) || g FROM generate_series(1, 400000) g",
+        "INSERT INTO b SELECT g, g FROM generate_series(1, 5000) g",
+        "CREATE PUBLICATION pub FOR TABLE a, b, c",
+    )
+    _run_killed(mirror, failpoint, tmp_path)
+    # Changes between the kill and the restart: after the first snapshot, possibly
+    # before a new one.
+    mirror.sql(
+        "UPDATE a SET v = 'after kill' WHERE id % 1000 = 0",
+        "DELETE FROM a WHERE id % 997 = 0",
+        "INSERT INTO b SELECT g, -g FROM generate_series(5001, 5100) g",
+        "UPDATE b SET n = 0 WHERE id <= 100",
+        "INSERT INTO c VALUES (1, 1), (2, 2)",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.a", "public.b", "public.c")
+    mirror.sql("DELETE FROM b WHERE id > 5000", "UPDATE c SET n = 10")
+    mirror.run()
+    mirror.assert_mirrored("public.a", "public.b", "public.c")
+    for table in ("public.a", "public.b", "public.c"):
+        assert len(_copy_snapshots(mirror, table)) == 1, table
