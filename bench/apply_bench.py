@@ -7,10 +7,12 @@ Starts two bundled PostgreSQL 16 servers in a temporary directory, a publisher a
 native subscriber (``wal_level=logical``, ``logical_decoding_work_mem=64MB``), creates
 ``orders (id bigint primary key, customer int, amount numeric(12,2), status text,
 created_at timestamptz, note text)`` on both, one publication, and, before any row is
-written, every consumer's slot: one per run for ``pg_recvlogical``, one per run for
-sparkapply, and one disabled native subscription per run (``copy_data = false,
-streaming = parallel, create_slot = true, enabled = false``). Then the backlog is
-written once, with every consumer stopped:
+written, every consumer, one per round: a slot for ``pg_recvlogical``; a disabled
+native subscription (``copy_data = false, streaming = parallel, create_slot = true,
+enabled = false``); and for sparkapply a first ``run(until_caught_up=True)`` on the
+empty table, which creates its slot, work dir and Iceberg table (and records the
+empty initial copy) as a user who started it before the load would have. Then the
+backlog is written once, with every consumer stopped:
 
 ``bulk``   ``--rows`` rows inserted in ONE transaction (streamed by the server, since
            it passes logical_decoding_work_mem);
@@ -27,12 +29,13 @@ at a time: the machine has 2 cores), round-robin over ``--repeat`` rounds:
     ``confirmed_flush_lsn`` on the publisher reaches the target (the WAL insert
     position after the backlog); then disabled, and the subscriber's table emptied
     for the next round.
-(c) sparkapply: ``Subscriber(config, spark=session).run(until_caught_up=True)`` on a
-    fresh work dir and catalog, ``local[2]``. The Spark session (and one warm-up job
+(c) sparkapply: ``Subscriber(config, spark=session).run(until_caught_up=True)`` on
+    that round's work dir and SQLite catalog, ``local[2]``. The Spark session (and one warm-up job
     that starts the Python workers) is created once, before, and reported apart.
 
 Every run is verified: count, sum(id) and sum(amount) of the consumer's copy equal
-the publisher's. Prints seconds and row changes per second for each consumer (best
+the publisher's, and sparkapply applied every change from the stream. Prints seconds,
+row changes per second and CPU seconds (consumer, publisher) for each consumer (best
 of ``--repeat``, with every run so the noise is visible), the rate ratios
 sparkapply/native and sparkapply/pg_recvlogical, and sparkapply's phases (setup,
 receive and spool, Spark job, Iceberg commit, tail), measured by wrapping driver-side
@@ -379,7 +382,7 @@ def run_native(
         with CpuMeter(postmaster_pid(subscriber), postmaster_pid(pub)) as cpu:
             t = time.perf_counter()
             sub.execute(f"ALTER SUBSCRIPTION {name} ENABLE")
-            polls = 0
+            polls = parallel = 0
             while True:
                 row = pconn.execute(
                     "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots"
@@ -389,6 +392,13 @@ def run_native(
                 if row is not None and row[0]:
                     break
                 polls += 1
+                if polls % 10 == 0:  # is a parallel apply worker at work?
+                    seen = sub.execute(
+                        "SELECT count(*) FROM pg_stat_subscription"
+                        " WHERE subname = %s AND leader_pid IS NOT NULL",
+                        (name,),
+                    ).fetchone()
+                    parallel = max(parallel, int(seen[0]) if seen else 0)
                 if polls % 50 == 0:
                     _check_native_errors(sub, name)
                     if time.perf_counter() - t > timeout:
@@ -399,7 +409,8 @@ def run_native(
         _check_native_errors(sub, name)
         got = checksum(sub)
     verify(f"native {name}", got, backlog)
-    return Run(elapsed, load, cpu.as_dict(), detail={"verified": got.as_json()})
+    detail = {"verified": got.as_json(), "parallel_apply_workers_seen": parallel}
+    return Run(elapsed, load, cpu.as_dict(), detail=detail)
 
 
 def _check_native_errors(sub: psycopg.Connection[Any], name: str) -> None:
@@ -698,9 +709,10 @@ def _executor_task(task: Any, mode: str) -> tuple[Any, dict[str, float], bytes]:
 
             setattr(owner, attr, timed)
             restore.append((owner, attr, orig))
-    # CPU time, not wall time: other users of a shared machine must not show up as
-    # time spent in whatever function was running when we were descheduled.
-    prof = cProfile.Profile(_time.thread_time) if mode == "cprofile" else None
+    # cProfile's default (wall) clock: a thread_time clock would be robust to other
+    # users of the machine but costs a Python call per event, ~10x slower overall,
+    # and charges that cost to the many small calls. Profile on a quiet machine.
+    prof = cProfile.Profile() if mode == "cprofile" else None
     t = _time.perf_counter()
     cpu = _time.thread_time()
     try:
@@ -786,7 +798,7 @@ def profile_runs(
     }
     # 2. cProfile: receiving thread on the driver, the task on the executor.
     ex = ExecutorProfile("cprofile")
-    driver_prof = cProfile.Profile(time.thread_time)  # the receiving thread's CPU time
+    driver_prof = cProfile.Profile()  # the receiving thread only (where run() is called)
     run = run_sparkapply(
         spark, pub, root, slots[1], backlog, run_tasks=ex, profile_driver=driver_prof
     )
@@ -794,13 +806,12 @@ def profile_runs(
     driver_stats = pstats.Stats(driver_prof)
     tmp = root / "executor.pstats"
     exec_stats: pstats.Stats | None = None
-    for i, raw in enumerate(ex.stats):
+    for raw in ex.stats:
         tmp.write_bytes(raw)
         if exec_stats is None:
             exec_stats = pstats.Stats(str(tmp))
         else:
             exec_stats.add(str(tmp))
-        del i
     result["cprofile_run"] = {
         "seconds": round(run.seconds, 3),
         "driver_phases": {k: round(v, 3) for k, v in run.phases.items()},

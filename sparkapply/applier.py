@@ -139,6 +139,11 @@ class Applier:
             if not ordinals:
                 continue
             relids = frozenset(rid for rid, t in relid_table.items() if t == ident)
+            insert_only = all(
+                batch[o].mutated_relation_ids is not None
+                and not relids.intersection(batch[o].mutated_relation_ids)  # type: ignore[arg-type]
+                for o in ordinals
+            )
             latest = _full_identity(rels[-1][0])
             key_names = tuple(c.name for c in latest.columns if c.is_key)
             txns = tuple(
@@ -163,6 +168,7 @@ class Applier:
                     data_dir=data_directory(table),
                     proto_version=self.proto_version,
                     streaming=self.streaming,
+                    insert_only=insert_only,
                 )
             )
             planned[name] = (table, ident, current_snapshot_id(table))

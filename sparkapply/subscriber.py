@@ -196,17 +196,16 @@ class Subscriber:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkapply-apply")
         running: tuple[Future[BatchStats], list[tuple[CommittedTxn, list[int]]]] | None = None
         copying: Future[None] | None = None  # the periodic check for newly published tables
-        last_ready_change = time.monotonic()
-        ready_count = 0
+        ready_since: float | None = None  # when the oldest waiting transaction committed
         last_ping = 0.0
         try:
             while True:
-                frame = stream.poll(0.05 if running or assembler.ready else 0.2)
-                if frame is not None:
-                    assembler.feed(frame.payload, frame.wal_start)
-                if len(assembler.ready) != ready_count:
-                    ready_count = len(assembler.ready)
-                    last_ready_change = time.monotonic()
+                frames = stream.poll_burst(0.05 if running or assembler.ready else 0.2)
+                feed = assembler.feed
+                for wal_start, payload in frames:
+                    feed(payload, wal_start)
+                if assembler.ready and ready_since is None:
+                    ready_since = time.monotonic()
 
                 if running is not None and running[0].done():
                     fut, batch = running
@@ -245,16 +244,20 @@ class Subscriber:
                     return True
 
                 if running is None and assembler.ready and not self._stop.is_set():
-                    quiet = time.monotonic() - last_ready_change >= cfg.batch_linger
+                    # A batch closes when the stream pauses, when it is full, or when
+                    # its oldest transaction has waited batch_linger: while a backlog
+                    # drains, applying one batch overlaps receiving the next.
+                    assert ready_since is not None
+                    waited = time.monotonic() - ready_since >= cfg.batch_linger
                     full = (
                         assembler.ready_bytes >= cfg.batch_max_bytes
                         or len(assembler.ready) >= cfg.batch_max_transactions
                     )
-                    if quiet or full or frame is None:
+                    if waited or full or not frames:
                         batch = assembler.take_ready(
                             cfg.batch_max_bytes, cfg.batch_max_transactions
                         )
-                        ready_count = len(assembler.ready)
+                        ready_since = time.monotonic() if assembler.ready else None
                         running = (pool.submit(applier.apply, [t for t, _ in batch]), batch)
 
                 idle = (

@@ -6,11 +6,13 @@ values (our errors pickle with their context) instead of Java stack traces.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.inserts import append_inserts
 from sparkapply.apply.merge import TableWriter, apply_delta
 from sparkapply.errors import ApplyError, SparkapplyError
 
@@ -27,6 +29,7 @@ class TableTask:
     data_dir: str
     proto_version: int
     streaming: str
+    insert_only: bool = False  # no txn of the batch updates, deletes or truncates it
 
 
 @dataclass(slots=True)
@@ -44,7 +47,24 @@ class TableResult:
 
 def run_table_task(task: TableTask) -> TableResult:
     result = TableResult(task.table)
+    # The fold makes millions of short-lived objects and no cycles worth collecting.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
+        if task.insert_only:
+            written, n_changes = append_inserts(
+                task.relation_ids,
+                task.txns,
+                schema=task.schema,
+                writer=TableWriter(task.data_dir, task.schema),
+                proto_version=task.proto_version,
+                streaming=task.streaming,
+            )
+            result.added = written.added
+            result.rows_written = written.rows_written
+            result.n_changes = n_changes
+            result.last_commit_lsn = max(t.commit_lsn for t in task.txns)
+            return result
         delta = fold_table(
             task.relation_ids,
             task.keyed,
@@ -72,4 +92,7 @@ def run_table_task(task: TableTask) -> TableResult:
         result.error = exc.with_context(table=task.table)
     except Exception as exc:  # an executor bug must still name the table
         result.error = ApplyError(f"{type(exc).__name__}: {exc}", table=task.table)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return result

@@ -64,6 +64,7 @@ from sparkapply.pgoutput.peek import CHANGE_TAGS, peek_change
 log = logging.getLogger(__name__)
 
 SHARED_FILE_ROTATE_BYTES = 64 * 1024 * 1024
+TAG_INSERT = ord("I")
 
 
 @dataclass(slots=True)
@@ -84,6 +85,7 @@ class _OpenTxn:
     streamed: bool = False
     n_changes: int = 0
     has_truncate: bool = False
+    mutated: set[int] = field(default_factory=set)  # relids with UPDATE/DELETE/TRUNCATE
     prepare: m.BeginPrepare | None = None  # set for Begin Prepare … Prepare
 
 
@@ -117,7 +119,7 @@ class Assembler:
         self._shared: SpoolWriter | None = None
         self._file_refs: dict[str, int] = {}
         self._seq = itertools.count()
-        self.last_lsn = Lsn(0)
+        self.last_lsn = 0  # start of the last XLogData fed (for error context)
 
     # -- state for the subscriber -----------------------------------------------------
 
@@ -163,7 +165,7 @@ class Assembler:
 
     def feed(self, payload: memoryview | bytes, lsn: int) -> None:
         """One pgoutput message, as carried by the XLogData starting at ``lsn``."""
-        self.last_lsn = Lsn(lsn)
+        self.last_lsn = lsn
         failpoint("feed")
         try:
             self._feed(payload)
@@ -188,6 +190,7 @@ class Assembler:
             txn.writer.append(payload, msg.xid is not None)
             for relid in msg.relation_ids:
                 self._touch(txn, relid)
+            txn.mutated.update(msg.relation_ids)
             txn.has_truncate = True
             txn.n_changes += 1
         elif isinstance(msg, m.Begin):
@@ -263,6 +266,8 @@ class Assembler:
         txn.writer.append(payload, in_stream)
         if relid not in txn.relation_ids:
             self._touch(txn, relid)
+        if tag != TAG_INSERT:
+            txn.mutated.add(relid)
         txn.n_changes += 1
 
     def _catalog(self, msg: m.Relation | m.Type, payload: memoryview | bytes) -> None:
@@ -376,6 +381,7 @@ class Assembler:
             apply_own=txn.streamed,
             n_changes=txn.n_changes,
             has_truncate=txn.has_truncate,
+            mutated_relation_ids=frozenset(txn.mutated),
             cleanup=cleanup,
         )
 
@@ -406,6 +412,7 @@ class Assembler:
             relation_messages=own,
             n_changes=kw["n_changes"],  # type: ignore[arg-type]
             has_truncate=kw["has_truncate"],  # type: ignore[arg-type]
+            mutated_relation_ids=kw.get("mutated_relation_ids"),  # type: ignore[arg-type]
             gid=kw.get("gid"),  # type: ignore[arg-type]
             cleanup=kw["cleanup"],  # type: ignore[arg-type]
         )
@@ -430,6 +437,7 @@ class Assembler:
             n_changes=txn.n_changes,
             has_truncate=txn.has_truncate,
             relation_ids=frozenset(txn.relation_ids),
+            mutated_relation_ids=frozenset(txn.mutated),
             start_relations=tuple(self._encode(r) for r in txn.start_relations.values()),
             own_relations=tuple(self._encode(r) for r in txn.relation_messages),
             streamed=txn.streamed,
@@ -479,6 +487,7 @@ class Assembler:
             start_relations={r.relation_id: r for r in rels(entry.start_relations)},
             relation_messages=tuple(own),
             apply_own=entry.streamed,
+            mutated_relation_ids=entry.mutated_relation_ids,
             n_changes=entry.n_changes,
             has_truncate=entry.has_truncate,
             gid=entry.gid,

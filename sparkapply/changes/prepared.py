@@ -31,6 +31,7 @@ class PreparedEntry:
     n_changes: int
     has_truncate: bool
     relation_ids: frozenset[int]
+    mutated_relation_ids: frozenset[int] | None
     spool_path: str
     spool_size: int
     # RELATION payloads (hex in the JSON): the versions in effect when the transaction
@@ -71,6 +72,7 @@ class PreparedStore:
         n_changes: int,
         has_truncate: bool,
         relation_ids: frozenset[int],
+        mutated_relation_ids: frozenset[int],
         start_relations: tuple[bytes, ...],
         own_relations: tuple[bytes, ...],
         streamed: bool,
@@ -106,6 +108,7 @@ class PreparedStore:
             n_changes=n_changes,
             has_truncate=has_truncate,
             relation_ids=relation_ids,
+            mutated_relation_ids=mutated_relation_ids,
             spool_path=str(spool),
             spool_size=source.end - source.start,
             start_relations=start_relations,
@@ -124,6 +127,7 @@ class PreparedStore:
                     "n_changes": n_changes,
                     "has_truncate": has_truncate,
                     "relation_ids": sorted(relation_ids),
+                    "mutated_relation_ids": sorted(mutated_relation_ids),
                     "spool_size": entry.spool_size,
                     "start_relations": [p.hex() for p in start_relations],
                     "own_relations": [p.hex() for p in own_relations],
@@ -160,6 +164,9 @@ class PreparedStore:
             n_changes=raw["n_changes"],
             has_truncate=raw["has_truncate"],
             relation_ids=frozenset(raw["relation_ids"]),
+            mutated_relation_ids=(
+                frozenset(raw["mutated_relation_ids"]) if "mutated_relation_ids" in raw else None
+            ),
             spool_path=str(spool),
             spool_size=raw["spool_size"],
             start_relations=tuple(bytes.fromhex(p) for p in raw["start_relations"]),

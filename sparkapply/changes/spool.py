@@ -70,26 +70,104 @@ class SpoolWriter:
             self._f.close()
 
 
+READ_CHUNK = 8 * 1024 * 1024
+
+
 def read_records(segment: SpoolSegment) -> Iterator[tuple[bytes, bool]]:
-    """Yield (payload, in_stream) for every record of the segment."""
+    """Yield (payload, in_stream) for every record of the segment.
+
+    Reads in chunks of :data:`READ_CHUNK` bytes, so memory stays bounded whatever
+    the size of the transaction.
+    """
     try:
-        with open(segment.path, "rb") as f:
-            f.seek(segment.start)
-            data = f.read(segment.end - segment.start)
+        f = open(segment.path, "rb")  # noqa: SIM115 - closed in the finally below
     except OSError as exc:
         raise StateError(
             f"spool segment {segment.path}[{segment.start}:{segment.end}] is unreadable: {exc}",
             hint="in cluster mode work_dir must be on storage every executor can read",
         ) from exc
-    pos = 0
-    n = len(data)
-    mv = memoryview(data)
-    while pos < n:
-        if pos + _HEADER.size > n:
-            raise StateError(f"truncated spool record in {segment.path} at {segment.start + pos}")
-        length, flags = _HEADER.unpack_from(data, pos)
-        pos += _HEADER.size
-        if pos + length > n:
-            raise StateError(f"truncated spool record in {segment.path} at {segment.start + pos}")
-        yield bytes(mv[pos : pos + length]), bool(flags & FLAG_IN_STREAM)
-        pos += length
+    try:
+        f.seek(segment.start)
+        remaining = segment.end - segment.start
+        pending = b""  # the start of a record that continues in the next chunk
+        offset = segment.start  # file offset of pending[0]
+        while remaining > 0:
+            chunk = f.read(min(READ_CHUNK, remaining))
+            if not chunk:
+                raise StateError(f"spool {segment.path} ends before the segment end {segment.end}")
+            remaining -= len(chunk)
+            buf = pending + chunk if pending else chunk
+            pos, n = 0, len(buf)
+            while pos + _HEADER.size <= n:
+                length, flags = _HEADER.unpack_from(buf, pos)
+                end = pos + _HEADER.size + length
+                if end > n:
+                    break
+                yield buf[pos + _HEADER.size : end], bool(flags & FLAG_IN_STREAM)
+                pos = end
+            pending = buf[pos:]
+            offset += pos
+        if pending:
+            raise StateError(f"truncated spool record in {segment.path} at {offset}")
+    finally:
+        f.close()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordChunk:
+    """A run of whole records held in one buffer, with their index.
+
+    ``starts[i]`` is where record i's payload begins in ``data``, ``lengths[i]`` its
+    length, ``in_stream[i]`` its flag. For column-wise decoding (numpy gathers).
+    """
+
+    data: bytes
+    starts: list[int]
+    lengths: list[int]
+    in_stream: list[bool]
+
+
+def read_chunks(segment: SpoolSegment, chunk_size: int | None = None) -> Iterator[RecordChunk]:
+    """The segment's records, a chunk of about ``chunk_size`` bytes at a time."""
+    size = chunk_size or READ_CHUNK
+    try:
+        f = open(segment.path, "rb")  # noqa: SIM115 - closed in the finally below
+    except OSError as exc:
+        raise StateError(
+            f"spool segment {segment.path}[{segment.start}:{segment.end}] is unreadable: {exc}",
+            hint="in cluster mode work_dir must be on storage every executor can read",
+        ) from exc
+    unpack = _HEADER.unpack_from
+    hsize = _HEADER.size
+    try:
+        f.seek(segment.start)
+        remaining = segment.end - segment.start
+        pending = b""
+        offset = segment.start
+        while remaining > 0:
+            chunk = f.read(min(size, remaining))
+            if not chunk:
+                raise StateError(f"spool {segment.path} ends before the segment end {segment.end}")
+            remaining -= len(chunk)
+            buf = pending + chunk if pending else chunk
+            starts: list[int] = []
+            lengths: list[int] = []
+            flags: list[bool] = []
+            pos, n = 0, len(buf)
+            while pos + hsize <= n:
+                length, flag = unpack(buf, pos)
+                end = pos + hsize + length
+                if end > n:
+                    break
+                starts.append(pos + hsize)
+                lengths.append(length)
+                flags.append(bool(flag & FLAG_IN_STREAM))
+                pos = end
+            if starts:
+                yield RecordChunk(buf, starts, lengths, flags)
+            pending = buf[pos:]
+            offset += pos
+        if pending:
+            raise StateError(f"truncated spool record in {segment.path} at {offset}")
+    finally:
+        f.close()

@@ -33,6 +33,9 @@ class CommittedTxn:
     relation_messages: tuple[Relation, ...]  # RELATION messages inside, in order
     n_changes: int
     has_truncate: bool = False
+    # Relations this transaction updated, deleted from or truncated (None: unknown).
+    # A table no transaction of a batch mutates is appended to without reading it.
+    mutated_relation_ids: frozenset[int] | None = None
     gid: str | None = None
     # Files that may be deleted once this transaction is durable.
     cleanup: tuple[str, ...] = field(default=())

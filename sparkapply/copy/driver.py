@@ -429,6 +429,12 @@ class TableCopier:
         n = itertools.count()
         for p in planned:
             slices = plan_slices(p.source, slice_bytes=self.slice_bytes, parallelism=parallelism)
+            if slices and not p.source.relation.columns:
+                log.warning(
+                    "table %s publishes no columns; its Iceberg table stays empty",
+                    p.source.qualified,
+                )
+                slices = []
             p.slices = len(slices)
             if not slices:
                 continue

@@ -183,7 +183,7 @@ class CopyProgress:
                 if t.done:
                     continue
                 if t.started is None and tuples:
-                    t.started = now
+                    t.started = now - self._interval  # it began since the last poll
                 t.rows, t.bytes = max(t.rows, tuples), max(t.bytes, nbytes)
                 if self._bar is not None:
                     self._bar.update(t.task, completed=t.rows, mb=t.bytes / 1e6)

@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import psycopg
+import psycopg.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
@@ -46,6 +47,9 @@ from sparkapply.errors import (
     SparkapplyError,
 )
 from sparkapply.source.negotiation import quote_literal
+
+_COPY_OUT = psycopg.pq.ExecStatus.COPY_OUT
+_COMMAND_OK = psycopg.pq.ExecStatus.COMMAND_OK
 
 DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
 """COPY text gathered before it is parsed and written as one Parquet row group."""
@@ -103,25 +107,31 @@ class SliceResult:
 # --------------------------------------------------------------------------------
 
 
-def parse_copy_text(data: bytes, n_columns: int) -> list[pa.Array]:
+def parse_copy_text(data: bytes | bytearray, n_columns: int) -> list[pa.Array]:
     """Rows of COPY text format → one ``large_string`` array per column, still escaped,
     ``\\N`` as null."""
     names = [f"c{i}" for i in range(n_columns)]
-    table = pcsv.read_csv(
-        pa.BufferReader(data),
-        read_options=pcsv.ReadOptions(
-            column_names=names,
-            use_threads=False,
-            block_size=max(1 << 20, min(len(data) + 1, 1 << 30)),
-        ),
-        parse_options=_PARSE,
-        convert_options=pcsv.ConvertOptions(
-            column_types=dict.fromkeys(names, pa.large_string()),
-            null_values=["\\N"],
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=False,
-        ),
+    convert = pcsv.ConvertOptions(
+        column_types=dict.fromkeys(names, pa.large_string()),
+        null_values=["\\N"],
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
     )
+    # Small blocks parse fastest (cache), but a block must hold a whole row.
+    for block_size in (1 << 20, min(len(data) + 1, (1 << 31) - 1)):
+        try:
+            table = pcsv.read_csv(
+                pa.BufferReader(pa.py_buffer(data)),
+                read_options=pcsv.ReadOptions(
+                    column_names=names, use_threads=False, block_size=block_size
+                ),
+                parse_options=_PARSE,
+                convert_options=convert,
+            )
+            break
+        except pa.ArrowInvalid as exc:
+            if "straddl" not in str(exc) or block_size > len(data):
+                raise
     return [table.column(i).combine_chunks() for i in range(n_columns)]
 
 
@@ -140,7 +150,7 @@ def unescape(values: pa.Array) -> pa.Array:
 
 
 def chunk_to_table(
-    data: bytes,
+    data: bytes | bytearray,
     columns: tuple[tuple[str, PgColumnType], ...],
     schema: pa.Schema,
 ) -> pa.Table:
@@ -225,19 +235,7 @@ def run_slice(task: SliceTask) -> SliceResult:
         with psycopg.connect(task.conninfo, autocommit=True) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(task.snapshot)}")
-            chunk: list[memoryview] = []
-            size = 0
-            with conn.cursor().copy(task.query) as copy:
-                for row in copy:
-                    chunk.append(row)  # type: ignore[arg-type]
-                    size += len(row)
-                    if size >= task.chunk_bytes:
-                        _flush(out, chunk, task, result)
-                        result.bytes += size
-                        chunk, size = [], 0
-            if chunk:
-                _flush(out, chunk, task, result)
-                result.bytes += size
+            _copy_out(conn, task, out, result)
             conn.execute("COMMIT")
         result.files = out.close()
     except SparkapplyError as exc:
@@ -253,22 +251,73 @@ def run_slice(task: SliceTask) -> SliceResult:
     return result
 
 
-def _flush(out: _DataFile, chunk: list[memoryview], task: SliceTask, result: SliceResult) -> None:
-    table = chunk_to_table(b"".join(chunk), task.columns, task.schema)
+def _copy_out(
+    conn: psycopg.Connection[object], task: SliceTask, out: _DataFile, result: SliceResult
+) -> None:
+    """Run the COPY and write its rows in chunks.
+
+    The server sends one CopyData message per row; libpq's ``PQgetCopyData`` is called
+    directly (it blocks for the next row) rather than through psycopg's ``Copy``
+    iterator, whose per-row generator machinery costs more than parsing the row. Rows
+    are appended to one ``bytearray`` (a memcpy each): keeping a Python object per row
+    until the chunk is parsed costs four times as much (allocation and the cyclic GC).
+    """
+    pgconn = conn.pgconn
+    pgconn.send_query(task.query.encode())
+    while pgconn.flush():
+        pass
+    res = pgconn.get_result()
+    if res is None or res.status != _COPY_OUT:
+        _drain(pgconn)
+        if res is None:
+            raise psycopg.OperationalError(pgconn.get_error_message())
+        raise psycopg.errors.error_from_result(res)
+    get = pgconn.get_copy_data
+    chunk = bytearray()
+    limit = task.chunk_bytes
+    while True:
+        nbytes, row = get(0)
+        if nbytes < 0:
+            break
+        chunk += row
+        if len(chunk) >= limit:
+            _flush(out, chunk, task, result)
+            chunk = bytearray()
+    if nbytes == -2:
+        raise psycopg.OperationalError(pgconn.get_error_message())
+    res = pgconn.get_result()
+    _drain(pgconn)
+    if res is None or res.status != _COMMAND_OK:
+        if res is None:
+            raise psycopg.OperationalError(pgconn.get_error_message())
+        raise psycopg.errors.error_from_result(res)
+    if chunk:
+        _flush(out, chunk, task, result)
+
+
+def _drain(pgconn: psycopg.pq.abc.PGconn) -> None:
+    while pgconn.get_result() is not None:
+        pass
+
+
+def _flush(out: _DataFile, chunk: bytearray, task: SliceTask, result: SliceResult) -> None:
+    table = chunk_to_table(chunk, task.columns, task.schema)
     out.write(table)
     result.rows += table.num_rows
+    result.bytes += len(chunk)
 
 
 def _source_error(exc: psycopg.Error, task: SliceTask) -> SparkapplyError:
     state = exc.sqlstate or ""
     text = str(exc).strip()
     if state == "22023" and "snapshot" in text:
-        return CopyError(
+        # Transient: the exporting replication connection is gone; a new session
+        # recovers (see sparkapply.copy.driver, FAILURE AND RESTART).
+        return ConnectionLostError(
             f"cannot join the copy's snapshot {task.snapshot}: {text}",
             table=task.table,
-            hint="the connection that exported it closed (sparkapply lost its replication "
-            "connection or was restarted); the copy of the tables not yet committed starts "
-            "again on the next run",
+            hint="the replication connection that exported it closed; the copy of the "
+            "tables not yet committed starts again with the next session",
         )
     if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith("08")):
         return ConnectionLostError(f"copy connection lost: {text}", table=task.table)

@@ -125,6 +125,12 @@ class ReplicationConnection:
         nbytes, data = self._get()
         if nbytes > 0:
             return data
+        if nbytes == 0:
+            # Read what the kernel already has before deciding to wait.
+            self._consume()
+            nbytes, data = self._get()
+            if nbytes > 0:
+                return data
         if nbytes == 0 and timeout > 0:
             ready, _, _ = select.select([self._pgconn.socket], [], [], timeout)
             if ready:

@@ -94,14 +94,18 @@ def test_existing_rows_are_copied_then_streamed(mirror: Mirror) -> None:
 
 @pytest.mark.slow
 def test_million_rows_copied_while_the_publisher_writes(mirror: Mirror) -> None:
-    """Inserts, updates and deletes from another connection during the whole copy."""
+    """Inserts, updates and deletes from another connection during the whole copy: they
+    commit before and after the slot's snapshot, and while the slices are read."""
     rows = 1_000_000
     mirror.sql(
         "CREATE TABLE big (id int PRIMARY KEY, n int)",
         f"INSERT INTO big SELECT g, g FROM generate_series(1, {rows}) g",
         "CREATE PUBLICATION pub FOR TABLE big",
     )
-    stop = threading.Event()
+    c = mirror.config
+    mirror.catalog = open_catalog(c.sink.catalog_name, c.catalog_properties())
+    sub = Subscriber(c, spark=mirror.spark, catalog=mirror.catalog)
+    stop_writer = threading.Event()
     commits: list[int] = []
     errors: list[BaseException] = []
 
@@ -110,7 +114,7 @@ def test_million_rows_copied_while_the_publisher_writes(mirror: Mirror) -> None:
         try:
             with psycopg.connect(mirror.dsn, autocommit=True) as conn:
                 i = 0
-                while not stop.is_set():
+                while not stop_writer.is_set():
                     i += 1
                     with conn.transaction():
                         conn.execute("INSERT INTO big VALUES (%s, -1)", (rows + i,))
@@ -120,24 +124,44 @@ def test_million_rows_copied_while_the_publisher_writes(mirror: Mirror) -> None:
                         )
                         conn.execute("DELETE FROM big WHERE id = %s", (rng.randint(1, rows + i),))
                     commits.append(i)
-                    time.sleep(0.002)
+                    time.sleep(0.005)
         except BaseException as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=writer)
-    thread.start()
+    def subscriber() -> None:
+        try:
+            sub.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def copied() -> bool:
+        return sub._copier is not None and bool(sub._copier.reports)
+
+    writing = threading.Thread(target=writer)
+    streaming = threading.Thread(target=subscriber)
+    writing.start()
     try:
-        _wait(lambda: len(commits) > 20, "the writer to start")
+        _wait(lambda: len(commits) > 20 or bool(errors), "the writer to start")
         before = len(commits)
-        first = mirror.run()  # creates the slot, copies while the writer runs, catches up
+        streaming.start()  # creates the slot and copies while the writer runs
+        _wait(lambda: copied() or bool(errors), "the copy")
         during = len(commits) - before
+        time.sleep(0.5)  # and a little after the copy committed
+        stop_writer.set()
+        writing.join()
+        target = _insert_lsn(mirror)
+        _wait(lambda: sub.summary.flushed >= target or bool(errors), "the stream to catch up")
     finally:
-        stop.set()
-        thread.join()
+        stop_writer.set()
+        sub.stop()
+        writing.join()
+        if streaming.ident is not None:
+            streaming.join()
     assert not errors, errors
-    assert during > 50, f"only {during} transactions committed during the run"
-    assert first.transactions > 0  # transactions after the snapshot were streamed
-    mirror.run()
+    assert during > 50, f"only {during} transactions committed during the copy"
+    assert sub._copier is not None
+    assert sub._copier.reports[0].rows["public.big"] > rows - 1000
+    assert sub.summary.transactions > 50  # transactions after the snapshot were streamed
     mirror.assert_mirrored("public.big")
 
 
@@ -286,7 +310,9 @@ class _slot_in_use:
 
         self._conn = ReplicationConnection(mirror.dsn)
         protocol = negotiate(self._conn.server_version)
-        self._conn.start_copy_both(start_replication_command("s", Lsn(0), ["pub"], protocol))
+        self._conn.start_copy_both(
+            start_replication_command(mirror.slot, Lsn(0), ["pub"], protocol)
+        )
 
     def __enter__(self) -> None:
         return None
@@ -306,7 +332,7 @@ def _write_config(mirror: Mirror, path: Path) -> None:
 [source]
 dsn = "{c.source.dsn}"
 publication = "pub"
-slot = "s"
+slot = "{mirror.slot}"
 [sink.catalog]
 type = "sql"
 uri = "{props["uri"]}"
@@ -347,12 +373,13 @@ def _run_killed(mirror: Mirror, failpoint: str, tmp_path: Path) -> None:
     ],
 )
 def test_kill_during_the_copy_and_restart(mirror: Mirror, tmp_path: Path, failpoint: str) -> None:
+    rows_a = 400_000 if failpoint == "copy-progress" else 20_000
     mirror.sql(
         "CREATE TABLE a (id int PRIMARY KEY, v text)",
         "CREATE TABLE b (id int PRIMARY KEY, n int)",
         "CREATE TABLE c (id int PRIMARY KEY, n int)",
-        # a takes a few seconds to read, so the progress poll sees it running.
-        "INSERT INTO a SELECT g, repeat('x', 200) || g FROM generate_series(1, 400000) g",
+        # For copy-progress a takes seconds to read, so the progress poll sees it running.
+        f"INSERT INTO a SELECT g, repeat('x', 200) || g FROM generate_series(1, {rows_a}) g",
         "INSERT INTO b SELECT g, g FROM generate_series(1, 5000) g",
         "CREATE PUBLICATION pub FOR TABLE a, b, c",
     )
@@ -371,5 +398,18 @@ def test_kill_during_the_copy_and_restart(mirror: Mirror, tmp_path: Path, failpo
     mirror.sql("DELETE FROM b WHERE id > 5000", "UPDATE c SET n = 10")
     mirror.run()
     mirror.assert_mirrored("public.a", "public.b", "public.c")
+    points = {}
     for table in ("public.a", "public.b", "public.c"):
-        assert len(_copy_snapshots(mirror, table)) == 1, table
+        (copy,) = _copy_snapshots(mirror, table)  # each table copied exactly once
+        points[table] = Lsn.parse(copy["sparkapply.copy-lsn"])
+    committed_before_kill = {
+        "copy-after-table-commit": ["public.a"],
+        "copy-after-table-commit:2": ["public.a", "public.b"],
+    }.get(failpoint, [])
+    # Nothing committed: the slot was created again, one snapshot for all. Otherwise the
+    # tables committed before the kill keep the slot's snapshot, and the rest share the
+    # later snapshot of a temporary slot.
+    later = [t for t in points if t not in committed_before_kill]
+    assert len({points[t] for t in later}) == 1
+    for t in committed_before_kill:
+        assert points[t] < points[later[0]]

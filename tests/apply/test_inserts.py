@@ -1,0 +1,92 @@
+"""The column-wise insert path gives exactly what the row-wise fold gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.inserts import append_inserts
+from sparkapply.apply.merge import TableWriter, apply_delta
+from sparkapply.changes.spool import SpoolWriter
+from sparkapply.errors import ProtocolError
+from sparkapply.pgoutput import encode
+from sparkapply.pgoutput import messages as m
+
+COLS = (
+    m.RelationColumn(1, "id", 20, -1),
+    m.RelationColumn(0, "name", 25, -1),
+    m.RelationColumn(0, "amount", 1700, ((12 << 16) | 2) + 4),
+)
+V1 = m.Relation(None, 7, "public", "t", "d", COLS)
+V2 = m.Relation(None, 7, "public", "t", "d", (*COLS, m.RelationColumn(0, "extra", 23, -1)))
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("name", pa.large_string()),
+        pa.field("amount", pa.decimal128(12, 2)),
+        pa.field("extra", pa.int32()),
+    ]
+)
+
+
+def ins(i: int, xid: int | None, extra: bool = False) -> m.Insert:
+    name = None if i % 5 == 0 else f"n{i} é\t".encode()
+    vals = [str(i).encode(), name, f"{i}.{i % 100:02d}".encode()]
+    kinds = b"t" + (b"n" if name is None else b"t") + b"t"
+    if extra:
+        vals.append(None if i % 2 else str(-i).encode())
+        kinds += b"n" if i % 2 else b"t"
+    return m.Insert(xid, 7, m.TupleData(kinds, tuple(vals)))
+
+
+def spool(tmp_path: Path) -> TxnInput:
+    w = SpoolWriter(tmp_path / "s.spool")
+    other = m.Insert(None, 99, m.TupleData(b"t", (b"x",)))  # another table: skipped
+    for i in range(1, 3000):
+        w.append(encode(other if i % 97 == 0 else ins(i, None)), False)
+    w.append(encode(m.Relation(10, *(getattr(V2, f) for f in V2.__slots__[1:]))), True)
+    for i in range(3000, 4000):
+        w.append(encode(ins(i, 10 if i % 3 else 11, extra=True)), True)
+    w.flush()
+    return TxnInput(0, 10, 100, (w.segment(0),), (V1,))
+
+
+def test_column_wise_equals_row_wise(tmp_path: Path) -> None:
+    txn = spool(tmp_path)
+    fast, n = append_inserts(
+        frozenset({7}), [txn], schema=SCHEMA, writer=TableWriter(str(tmp_path / "a"), SCHEMA)
+    )
+    delta = fold_table(frozenset({7}), True, [txn])
+    slow = apply_delta(
+        delta,
+        schema=SCHEMA,
+        key_names=("id",),
+        data_files=(),
+        writer=TableWriter(str(tmp_path / "b"), SCHEMA),
+    )
+    read = lambda paths: pa.concat_tables(  # noqa: E731
+        [pq.read_table(p.removeprefix("file://")) for p in paths]
+    ).sort_by("id")
+    a, b = read(fast.added), read(slow.added)
+    assert n == delta.n_changes == 2999 - 30 + 1000
+    assert a.num_rows == n
+    assert a.equals(b)
+    row = a.filter(pa.compute.equal(a["id"], 3002)).to_pylist()[0]
+    assert row["extra"] == -3002 and row["name"] == "n3002 é\t"
+
+
+def test_a_cut_record_is_a_protocol_error(tmp_path: Path) -> None:
+    w = SpoolWriter(tmp_path / "s.spool")
+    good = encode(ins(1, None))
+    w.append(good[:-3], False)  # the last value's bytes are missing
+    w.flush()
+    txn = TxnInput(0, 10, 100, (w.segment(0),), (V1,))
+    with pytest.raises(ProtocolError, match=r"runs past its record|trailing|cut off") as info:
+        append_inserts(
+            frozenset({7}), [txn], schema=SCHEMA, writer=TableWriter(str(tmp_path / "a"), SCHEMA)
+        )
+    assert info.value.context["xid"] == 10

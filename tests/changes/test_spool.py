@@ -1,0 +1,59 @@
+"""The spool's record framing, truncation and chunked reading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkapply.changes import spool
+from sparkapply.changes.spool import SpoolWriter, read_records
+from sparkapply.errors import StateError
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    records=st.lists(st.tuples(st.binary(max_size=300), st.booleans()), max_size=40),
+    chunk=st.integers(min_value=1, max_value=64),
+)
+def test_records_round_trip_across_chunk_boundaries(
+    tmp_path_factory: pytest.TempPathFactory,
+    records: list[tuple[bytes, bool]],
+    chunk: int,
+) -> None:
+    path = tmp_path_factory.mktemp("spool") / "s.spool"
+    w = SpoolWriter(path)
+    w.append(b"before", False)
+    start = w.offset
+    for payload, in_stream in records:
+        w.append(payload, in_stream)
+    w.flush()
+    old = spool.READ_CHUNK
+    spool.READ_CHUNK = chunk  # force records to straddle reads
+    try:
+        assert list(read_records(w.segment(start))) == records
+    finally:
+        spool.READ_CHUNK = old
+
+
+def test_truncate_and_append(tmp_path: Path) -> None:
+    w = SpoolWriter(tmp_path / "s.spool")
+    w.append(b"a", False)
+    mark = w.offset
+    w.append(b"b", True)
+    w.truncate(mark)
+    w.append(b"c", True)
+    w.flush()
+    assert list(read_records(w.segment(0))) == [(b"a", False), (b"c", True)]
+
+
+def test_a_cut_record_is_an_error(tmp_path: Path) -> None:
+    w = SpoolWriter(tmp_path / "s.spool")
+    w.append(b"abcdef", False)
+    w.flush()
+    seg = w.segment(0)
+    bad = type(seg)(seg.path, 0, seg.end - 2)
+    with pytest.raises(StateError, match="truncated spool record"):
+        list(read_records(bad))
