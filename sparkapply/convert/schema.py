@@ -308,8 +308,14 @@ def _widenings(
         return _widenings(old.element_type, new.element_type, element_path, old.element_id, pg_type)
     if old == new:
         return []
-    if isinstance(old, PrimitiveType) and isinstance(new, PrimitiveType) and can_widen(old, new):
-        return [WidenColumn(path, field_id, old, new, pg_type)]
+    if isinstance(old, PrimitiveType) and isinstance(new, PrimitiveType):
+        if can_widen(old, new):
+            return [WidenColumn(path, field_id, old, new, pg_type)]
+        if can_widen(new, old):
+            # Iceberg already holds the wider type, e.g. a RELATION of an older version
+            # arriving after a newer one (a prepared transaction committed after a later
+            # ALTER): its values fit the wider column, nothing changes.
+            return []
     return None
 
 

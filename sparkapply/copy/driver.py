@@ -287,7 +287,10 @@ class TableCopier:
             tables = describe_tables(c, self.config.source.publication, names)
         out = []
         for t in tables:
-            table = self._prepare(t, None)
+            # Created if missing, otherwise left as it is: the schema of a table that was
+            # copied follows the stream's RELATION messages, not the catalog of now.
+            ident = self.target(t.schema, t.name)
+            table = ensure_table(self.catalog, ident, iceberg_schema_for(t.relation))
             if applied_lsn(table) is None:
                 out.append(t.key)
             else:

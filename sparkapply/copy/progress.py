@@ -27,8 +27,8 @@ from sparkapply.failpoints import failpoint
 log = logging.getLogger(__name__)
 
 _POLL_SQL = """
-SELECT a.application_name, p.tuples_processed, p.bytes_processed
-FROM pg_stat_progress_copy p JOIN pg_stat_activity a ON a.pid = p.pid
+SELECT a.application_name, coalesce(p.tuples_processed, 0), coalesce(p.bytes_processed, 0)
+FROM pg_stat_activity a LEFT JOIN pg_stat_progress_copy p ON p.pid = a.pid
 WHERE a.application_name LIKE %s
 """
 
@@ -147,7 +147,7 @@ class CopyProgress:
     def _run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         try:
-            while not self._stop.wait(self._interval):
+            while True:
                 try:
                     if conn is None or conn.closed:
                         conn = psycopg.connect(
@@ -159,20 +159,23 @@ class CopyProgress:
                 except psycopg.Error as exc:  # progress is best effort
                     log.debug("cannot read copy progress: %s", exc)
                     conn = None
-                    continue
-                self._update(rows)
+                else:
+                    self._update(rows)
+                if self._stop.wait(self._interval):
+                    break
         finally:
             if conn is not None:
                 conn.close()
 
     def _update(self, rows: list[tuple[Any, ...]]) -> None:
         now = time.monotonic()
-        moving = False
+        running = False
         with self._lock:
             for tag, tuples, nbytes in rows:
                 if tag in self._slices:
-                    self._seen[tag] = (int(tuples or 0), int(nbytes or 0))
-                    moving = moving or bool(tuples)
+                    running = True
+                    if tuples or tag not in self._seen:
+                        self._seen[tag] = (int(tuples), int(nbytes))
             totals: dict[str, list[int]] = {}
             for tag, (tuples, nbytes) in self._seen.items():
                 acc = totals.setdefault(self._slices[tag], [0, 0])
@@ -187,10 +190,10 @@ class CopyProgress:
                 t.rows, t.bytes = max(t.rows, tuples), max(t.bytes, nbytes)
                 if self._bar is not None:
                     self._bar.update(t.task, completed=t.rows, mb=t.bytes / 1e6)
-                elif now - t.last_logged >= self._log_interval:
+                elif t.rows and now - t.last_logged >= self._log_interval:
                     t.last_logged = now
                     log.info("copying %s: %s", name, t.describe(now))
-        if moving:
+        if running:
             failpoint("copy-progress")  # tests: killed while slices are being read
 
 

@@ -46,7 +46,7 @@ def _insert_lsn(mirror: Mirror) -> Lsn:
 def _assert_equals_query(mirror: Mirror, table: str, query: str) -> None:
     """Iceberg ``table`` holds exactly the rows (and columns) of ``query``."""
     with psycopg.connect(mirror.dsn) as conn:
-        cur = conn.execute(query)  # type: ignore[arg-type]
+        cur = conn.execute(query)
         cols = [d.name for d in cur.description or []]
         pg = sorted((tuple(normalize(v) for v in r) for r in cur.fetchall()), key=repr)
     ice_cols, rows = mirror.iceberg_rows(table)
