@@ -28,7 +28,7 @@ from sparkapply.apply.driver import run_tasks
 from sparkapply.apply.fold import TxnInput
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
-from sparkapply.convert.schema import iceberg_schema_for, plan_evolution
+from sparkapply.convert.schema import iceberg_schema_for
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
@@ -39,7 +39,8 @@ from sparkapply.sink.commit import commit_files
 from sparkapply.sink.files import current_data_files, current_snapshot_id, remove_orphans
 from sparkapply.sink.maintenance import expire_snapshots
 from sparkapply.sink.progress import applied_lsn
-from sparkapply.sink.tables import apply_evolution, data_directory, ensure_table
+from sparkapply.sink.relations import evolve_to
+from sparkapply.sink.tables import data_directory, ensure_table
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -224,22 +225,6 @@ class Applier:
             if ident not in self._applied:
                 self._applied[ident] = applied_lsn(table) or Lsn(0)
         for rel, lsn in rels:
-            plan = plan_evolution(table.schema(), _full_identity(rel), lsn=lsn)
-            if plan.requires_update:
-                apply_evolution(
-                    table,
-                    add_columns=[(a.name, a.field_type) for a in plan.add],
-                    widen=[(w.path[0], w.new_type) for w in plan.widen if len(w.path) == 1],
-                    identifier_fields=(
-                        list(plan.identifier_field_names) if plan.identifier_changed else None
-                    ),
-                    lsn=Lsn(lsn),
-                )
-                table = self.catalog.load_table(ident)
+            table = evolve_to(self.catalog, ident, table, _full_identity(rel), lsn=lsn)
         self._tables[ident] = table
         return table
-
-    def ensure_tables(self, relations: Sequence[m.Relation]) -> None:
-        """Create the Iceberg tables of relations before any change arrives for them."""
-        for rel in relations:
-            self._table(self.identifier(rel), [(rel, Lsn(0))])

@@ -10,6 +10,10 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -63,6 +67,36 @@ class Mirror:
         summary = sub.run(until_caught_up=True)
         self.catalog = sub._catalog
         return summary
+
+    def write_config(self, path: Path, **apply: object) -> Path:
+        """This mirror's configuration as a TOML file, for the command line."""
+        c = self.config
+        props = c.sink.catalog
+        extra = "".join(f"{k} = {v}\n" for k, v in apply.items())
+        path.write_text(
+            f'work_dir = "{c.work_dir}"\n'
+            f'[source]\ndsn = "{c.source.dsn}"\npublication = "pub"\nslot = "{self.slot}"\n'
+            f'[sink.catalog]\ntype = "sql"\nuri = "{props["uri"]}"\n'
+            f'warehouse = "{props["warehouse"]}"\n'
+            f'[spark]\nmaster = "local[1]"\n[apply]\nbatch_linger = 0.1\n{extra}'
+        )
+        return path
+
+    def run_killed(self, failpoint: str, config_dir: Path, **apply: object) -> None:
+        """Run ``sparkapply run --until-caught-up`` in a child process armed with
+        ``failpoint``, and check that it died by SIGKILL there."""
+        cfg = self.write_config(config_dir / "crash.toml", **apply)
+        proc = subprocess.run(
+            [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg), "--until-caught-up"],
+            env={**os.environ, "SPARKAPPLY_TEST_FAILPOINT": failpoint},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert proc.returncode == -signal.SIGKILL, (
+            f"failpoint {failpoint} was not hit (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
 
     def sql(self, *statements: str, autocommit: bool = True) -> None:
         with psycopg.connect(self.dsn, autocommit=autocommit) as conn:

@@ -100,7 +100,7 @@ import psycopg
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.config import Config
-from sparkapply.convert.schema import iceberg_schema_for, plan_evolution
+from sparkapply.convert.schema import iceberg_schema_for
 from sparkapply.copy.progress import CopyProgress
 from sparkapply.copy.snapshot import (
     DEFAULT_SLICE_BYTES,
@@ -125,7 +125,8 @@ from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.commit import commit_files
 from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
-from sparkapply.sink.tables import apply_evolution, data_directory, ensure_table
+from sparkapply.sink.relations import table_for_relation
+from sparkapply.sink.tables import data_directory, ensure_table
 from sparkapply.source.connection import SESSION_OPTIONS, ReplicationConnection
 from sparkapply.source.negotiation import quote_ident, quote_literal
 from sparkapply.source.publisher import SlotInfo, check_publisher, ensure_slot
@@ -411,20 +412,7 @@ class TableCopier:
         """Create the Iceberg table, or evolve it to the source's columns, as the
         applier does for a RELATION message."""
         ident = self.target(source.schema, source.name)
-        table = ensure_table(self.catalog, ident, iceberg_schema_for(source.relation))
-        plan = plan_evolution(table.schema(), source.relation, lsn=lsn)
-        if plan.requires_update:
-            apply_evolution(
-                table,
-                add_columns=[(a.name, a.field_type) for a in plan.add],
-                widen=[(w.path[0], w.new_type) for w in plan.widen if len(w.path) == 1],
-                identifier_fields=(
-                    list(plan.identifier_field_names) if plan.identifier_changed else None
-                ),
-                lsn=lsn,
-            )
-            table = self.catalog.load_table(ident)
-        return table
+        return table_for_relation(self.catalog, ident, source.relation, lsn=lsn)
 
     def _tasks(self, planned: list[_Planned], point: CopyPoint, prefix: str) -> list[SliceTask]:
         parallelism = int(getattr(self.spark.sparkContext, "defaultParallelism", 2) or 2)

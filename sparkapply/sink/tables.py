@@ -28,16 +28,12 @@ from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.name_mapping import MappedField, NameMapping, create_mapping_from_schema
 from pyiceberg.types import (
-    DecimalType,
-    DoubleType,
-    FloatType,
     IcebergType,
-    IntegerType,
     ListType,
-    LongType,
     NestedField,
 )
 
+from sparkapply.convert.schema import can_widen
 from sparkapply.errors import SchemaChangeError, SinkError
 from sparkapply.lsn import Lsn
 
@@ -246,17 +242,10 @@ def _widening(
     )
 
 
-def _is_widening(old: IcebergType, new: IcebergType) -> bool:
-    """The type promotions of the Iceberg spec (v2), checked here rather than by
-    pyiceberg's ``promote``, which also allows read-time conversions (string ↔ binary,
-    fixed → uuid) and, in 0.12, does not compare decimal scales."""
-    if isinstance(old, IntegerType):
-        return isinstance(new, LongType)
-    if isinstance(old, FloatType):
-        return isinstance(new, DoubleType)
-    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
-        return new.scale == old.scale and new.precision > old.precision
-    return False
+# The type promotions of the Iceberg spec (v2), checked with our own rule rather than
+# pyiceberg's ``promote``, which also allows read-time conversions (string ↔ binary,
+# fixed → uuid) and, in 0.12, does not compare decimal scales.
+_is_widening = can_widen
 
 
 def _check_key(

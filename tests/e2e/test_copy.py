@@ -3,11 +3,7 @@ and kills in the middle of a copy. Compared row by row with PostgreSQL."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -289,8 +285,7 @@ def test_resync_command_and_its_refusals(mirror: Mirror, tmp_path: Path) -> None
         "CREATE PUBLICATION pub FOR TABLE t",
     )
     mirror.run()
-    cfg = tmp_path / "resync.toml"
-    _write_config(mirror, cfg)
+    cfg = mirror.write_config(tmp_path / "resync.toml")
     assert cli_main(["resync", "--config", str(cfg), "--table", "t"]) == 2  # not schema.table
     assert cli_main(["resync", "--config", str(cfg), "--table", "public.missing"]) == 2
     assert cli_main(["resync", "--config", str(cfg), "--table", "public.t"]) == 0
@@ -324,44 +319,6 @@ class _slot_in_use:
 # -- kills in the middle of the copy -----------------------------------------------------
 
 
-def _write_config(mirror: Mirror, path: Path) -> None:
-    c = mirror.config
-    props = c.sink.catalog
-    path.write_text(
-        f"""work_dir = "{c.work_dir}"
-[source]
-dsn = "{c.source.dsn}"
-publication = "pub"
-slot = "{mirror.slot}"
-[sink.catalog]
-type = "sql"
-uri = "{props["uri"]}"
-warehouse = "{props["warehouse"]}"
-[spark]
-master = "local[1]"
-[apply]
-batch_linger = 0.1
-"""
-    )
-
-
-def _run_killed(mirror: Mirror, failpoint: str, tmp_path: Path) -> None:
-    cfg = tmp_path / "crash.toml"
-    _write_config(mirror, cfg)
-    env = {**os.environ, "SPARKAPPLY_TEST_FAILPOINT": failpoint}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg), "--until-caught-up"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == -signal.SIGKILL, (
-        f"failpoint {failpoint} was not hit (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "failpoint",
@@ -383,7 +340,7 @@ def test_kill_during_the_copy_and_restart(mirror: Mirror, tmp_path: Path, failpo
         "INSERT INTO b SELECT g, g FROM generate_series(1, 5000) g",
         "CREATE PUBLICATION pub FOR TABLE a, b, c",
     )
-    _run_killed(mirror, failpoint, tmp_path)
+    mirror.run_killed(failpoint, tmp_path)
     # Changes between the kill and the restart: after the first snapshot, possibly
     # before a new one.
     mirror.sql(

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
@@ -15,45 +11,6 @@ from tests.conftest import PgServer
 from tests.mirror import Mirror
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _write_config(mirror: Mirror, path: Path) -> None:
-    c = mirror.config
-    props = c.sink.catalog
-    path.write_text(
-        f"""work_dir = "{c.work_dir}"
-[source]
-dsn = "{c.source.dsn}"
-publication = "pub"
-slot = "{mirror.slot}"
-[sink.catalog]
-type = "sql"
-uri = "{props["uri"]}"
-warehouse = "{props["warehouse"]}"
-[spark]
-master = "local[1]"
-[apply]
-batch_linger = 0.1
-batch_max_transactions = 3
-"""
-    )
-
-
-def _run_killed(mirror: Mirror, failpoint: str, tmp_path: Path) -> None:
-    cfg = tmp_path / "crash.toml"
-    _write_config(mirror, cfg)
-    env = {**os.environ, "SPARKAPPLY_TEST_FAILPOINT": failpoint}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg), "--until-caught-up"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == -signal.SIGKILL, (
-        f"failpoint {failpoint} was not hit (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-    )
 
 
 def _workload(mirror: Mirror, pg_server: PgServer) -> None:
@@ -104,7 +61,7 @@ def test_kill_and_restart(
     )
     mirror.run()  # slot and catalog exist
     _workload(mirror, pg_server)
-    _run_killed(mirror, failpoint, tmp_path)
+    mirror.run_killed(failpoint, tmp_path, batch_max_transactions=3)
     mirror.run()
     mirror.assert_mirrored("public.a", "public.b")
 
@@ -123,7 +80,9 @@ def test_kill_between_prepare_and_commit_prepared(
         " PREPARE TRANSACTION 'gx'",
         "INSERT INTO a VALUES (1000, 'after prepare')",
     )
-    _run_killed(mirror, "before-ack", tmp_path)  # killed once the first batch is durable
+    mirror.run_killed(
+        "before-ack", tmp_path, batch_max_transactions=3
+    )  # killed once the first batch is durable
     mirror.run()  # stages the prepare durably and acknowledges it
     mirror.sql("COMMIT PREPARED 'gx'")
     mirror.run()

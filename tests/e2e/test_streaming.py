@@ -122,3 +122,20 @@ def test_bulk_transaction_over_work_mem(mirror: Mirror) -> None:
     )
     mirror.run()
     mirror.assert_mirrored("public.big")
+
+
+def test_array_element_type_widens(mirror: Mirror) -> None:
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, tags int[])",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    mirror.run()
+    mirror.sql("INSERT INTO t VALUES (1, '{1,2}')")
+    mirror.run()
+    mirror.sql(
+        "ALTER TABLE t ALTER COLUMN tags TYPE bigint[]",
+        "INSERT INTO t VALUES (2, '{5000000000,NULL}')",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    assert "long" in str(mirror.catalog.load_table(("public", "t")).schema().find_field("tags"))

@@ -1,0 +1,57 @@
+"""The Iceberg table of a published relation: created from, and evolved to, a RELATION."""
+
+from __future__ import annotations
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyiceberg.types import IcebergType, ListType
+
+from sparkapply.convert.schema import EvolutionPlan, iceberg_schema_for, plan_evolution
+from sparkapply.lsn import Lsn
+from sparkapply.pgoutput.messages import Relation
+from sparkapply.sink.tables import TableIdentifier, apply_evolution, ensure_table
+
+
+def table_for_relation(
+    catalog: Catalog, ident: TableIdentifier, relation: Relation, *, lsn: int | None
+) -> Table:
+    """Load (or create) the table and evolve its schema to ``relation``."""
+    table = ensure_table(catalog, ident, iceberg_schema_for(relation))
+    return evolve_to(catalog, ident, table, relation, lsn=lsn)
+
+
+def evolve_to(
+    catalog: Catalog, ident: TableIdentifier, table: Table, relation: Relation, *, lsn: int | None
+) -> Table:
+    """Apply what ``relation`` changes in the table's schema (nothing if nothing does);
+    a change Iceberg cannot follow raises SchemaChangeError naming table, column, LSN."""
+    plan = plan_evolution(table.schema(), relation, lsn=lsn)
+    if not plan.requires_update:
+        return table
+    apply_evolution(
+        table,
+        add_columns=[(a.name, a.field_type) for a in plan.add],
+        widen=_widenings(table, plan),
+        identifier_fields=(list(plan.identifier_field_names) if plan.identifier_changed else None),
+        lsn=None if lsn is None else Lsn(lsn),
+    )
+    return catalog.load_table(ident)
+
+
+def _widenings(table: Table, plan: EvolutionPlan) -> list[tuple[str, IcebergType]]:
+    """Top-level ``(column, new type)``; a list whose element widens gets its whole
+    new list type."""
+    out: list[tuple[str, IcebergType]] = []
+    for w in plan.widen:
+        if len(w.path) == 1:
+            out.append((w.path[0], w.new_type))
+            continue
+        current = table.schema().find_field(w.path[0]).field_type
+        if isinstance(current, ListType):
+            out.append(
+                (
+                    w.path[0],
+                    ListType(current.element_id, w.new_type, current.element_required),
+                )
+            )
+    return out
