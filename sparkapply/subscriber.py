@@ -59,6 +59,7 @@ class RunSummary:
     transactions: int = 0
     changes: int = 0
     flushed: Lsn = INVALID_LSN
+    reconnects: int = 0  # connections lost and opened again
 
 
 class Subscriber:
@@ -124,6 +125,7 @@ class Subscriber:
                     break
             except ConnectionLostError as exc:
                 log.warning("replication connection lost: %s; retrying in %.0fs", exc, backoff)
+                self.summary.reconnects += 1
                 if self._stop.wait(backoff):
                     break
                 backoff = min(backoff * 2, src.reconnect_max_backoff)

@@ -85,11 +85,13 @@ class PgServer:
 
     def set_streaming(self, mode: str) -> None:
         """Server-wide ``debug_logical_replication_streaming`` (buffered|immediate)."""
+        self.set_setting("debug_logical_replication_streaming", mode)
+
+    def set_setting(self, name: str, value: str) -> None:
+        """``ALTER SYSTEM SET`` and reload (new and running walsenders pick it up)."""
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(
-                sql.SQL("ALTER SYSTEM SET debug_logical_replication_streaming = {}").format(
-                    sql.Literal(mode)
-                )
+                sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
             )
             conn.execute("SELECT pg_reload_conf()")
 

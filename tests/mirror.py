@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,33 @@ class Mirror:
         self.spark = spark
         self.catalog: Any = None
 
-    def run(self) -> RunSummary:
+    def run(self, deadline: float = 240.0) -> RunSummary:
+        """Replicate until caught up; a run that does not finish in ``deadline`` s is
+        stopped and fails the test (a hang must not eat the CI budget)."""
         sub = Subscriber(self.config, spark=self.spark, catalog=self.catalog)
-        summary = sub.run(until_caught_up=True)
+        outcome: list[RunSummary | BaseException] = []
+
+        def target() -> None:
+            try:
+                outcome.append(sub.run(until_caught_up=True))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=target, name="mirror-run", daemon=True)
+        thread.start()
+        thread.join(deadline)
+        if thread.is_alive():
+            sub.stop()
+            thread.join(60)
+            raise AssertionError(
+                f"the subscriber did not catch up within {deadline:.0f} s "
+                f"({sub.summary.reconnects} reconnects, flushed to {sub.summary.flushed})"
+            )
         self.catalog = sub._catalog
-        return summary
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def write_config(self, path: Path, **apply: object) -> Path:
         """This mirror's configuration as a TOML file, for the command line."""

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _XLOG_HEAD = struct.Struct("!cQQq")  # 'w', wal_start, wal_end, send_time
 _TAG_W = ord("w")
+STATUS_MIN_INTERVAL = 0.2  # seconds between status updates sent because a position moved
 
 
 class ReplicationStream:
@@ -39,6 +40,7 @@ class ReplicationStream:
         self.last_keepalive_end = Lsn(0)
         self._last_status = 0.0
         self._reported = Lsn(0)
+        self._reported_write = Lsn(0)
 
     @property
     def flush_lsn(self) -> Lsn:
@@ -101,9 +103,12 @@ class ReplicationStream:
     def _maybe_send_status(self) -> None:
         now = time.monotonic()
         due = now - self._last_status >= self.status_interval
-        # A new durable position is worth telling at once (it frees WAL), but not
-        # more often than every 100 ms.
-        if due or (self._flush_lsn > self._reported and now - self._last_status >= 0.1):
+        # As PostgreSQL's apply worker does: tell the server whenever what we received
+        # or made durable moved, at most every STATUS_MIN_INTERVAL s. While a large
+        # backlog streams in, its keepalive requests sit behind data in the socket;
+        # these updates are what keep a short wal_sender_timeout from firing.
+        moved = self._flush_lsn > self._reported or self.last_received > self._reported_write
+        if due or (moved and now - self._last_status >= STATUS_MIN_INTERVAL):
             self.send_status()
 
     def send_status(self, reply_requested: bool = False) -> None:
@@ -118,3 +123,4 @@ class ReplicationStream:
         self.conn.send_copy_data(msg.encode())
         self._last_status = time.monotonic()
         self._reported = flush
+        self._reported_write = Lsn(msg.write_lsn)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import PgServer
 from tests.mirror import Mirror
 
 pytestmark = pytest.mark.integration
@@ -40,3 +41,27 @@ def test_old_snapshots_are_expired_and_the_lsn_survives(mirror: Mirror) -> None:
     mirror.sql("DELETE FROM t WHERE id = 0")
     mirror.run()  # a new subscriber reads the applied LSN back after expiry
     mirror.assert_mirrored("public.t")
+
+
+def test_keepalives_answered_while_spark_works(mirror: Mirror, pg_server: PgServer) -> None:
+    """With wal_sender_timeout = 1 s the walsender drops a subscriber that stays silent
+    for a second; a multi-second apply must not make it (no reconnect)."""
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "CREATE TABLE u (id int PRIMARY KEY, v text)",
+        "CREATE PUBLICATION pub FOR TABLE t, u",
+    )
+    mirror.run()
+    pg_server.set_setting("wal_sender_timeout", "1s")
+    try:
+        for table in ("t", "u"):  # updates: the slow, row-by-row path
+            mirror.sql(
+                f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 60000) g",
+                f"UPDATE {table} SET v = 'w' WHERE id % 2 = 0",
+            )
+        summary = mirror.run()
+    finally:
+        pg_server.set_setting("wal_sender_timeout", "20s")
+    assert summary.reconnects == 0
+    assert summary.changes >= 2 * 90000
+    mirror.assert_mirrored("public.t", "public.u")
