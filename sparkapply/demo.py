@@ -59,6 +59,19 @@ def _workload(dsn: str, rows: int) -> None:
         conn.execute("DELETE FROM shop.customers WHERE id > 990")
 
 
+def _wait_streaming(dsn: str, slot: str, thread: threading.Thread) -> None:
+    deadline = time.monotonic() + 300
+    while thread.is_alive() and time.monotonic() < deadline:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(
+                "SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
+            ).fetchone()
+        if row and row[0]:
+            return
+        time.sleep(0.2)
+
+
 def _count(dsn: str, table: str) -> int:
     with psycopg.connect(dsn) as conn:
         schema, name = table.split(".")
@@ -102,6 +115,9 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
         thread = threading.Thread(target=replicate, name="sparkapply-demo", daemon=True)
         thread.start()
         try:
+            # Start the workload once the subscriber streams (its slot exists and the
+            # initial copy of the empty tables is done), so the bulk load is streamed.
+            _wait_streaming(dsn, config.source.slot, thread)
             log.info("running the workload (%d-row bulk load, updates, deletes, 2PC)", rows)
             _workload(dsn, rows)
             with psycopg.connect(dsn, autocommit=True) as conn:
