@@ -79,38 +79,12 @@ def read_records(segment: SpoolSegment) -> Iterator[tuple[bytes, bool]]:
     Reads in chunks of :data:`READ_CHUNK` bytes, so memory stays bounded whatever
     the size of the transaction.
     """
-    try:
-        f = open(segment.path, "rb")  # noqa: SIM115 - closed in the finally below
-    except OSError as exc:
-        raise StateError(
-            f"spool segment {segment.path}[{segment.start}:{segment.end}] is unreadable: {exc}",
-            hint="in cluster mode work_dir must be on storage every executor can read",
-        ) from exc
-    try:
-        f.seek(segment.start)
-        remaining = segment.end - segment.start
-        pending = b""  # the start of a record that continues in the next chunk
-        offset = segment.start  # file offset of pending[0]
-        while remaining > 0:
-            chunk = f.read(min(READ_CHUNK, remaining))
-            if not chunk:
-                raise StateError(f"spool {segment.path} ends before the segment end {segment.end}")
-            remaining -= len(chunk)
-            buf = pending + chunk if pending else chunk
-            pos, n = 0, len(buf)
-            while pos + _HEADER.size <= n:
-                length, flags = _HEADER.unpack_from(buf, pos)
-                end = pos + _HEADER.size + length
-                if end > n:
-                    break
-                yield buf[pos + _HEADER.size : end], bool(flags & FLAG_IN_STREAM)
-                pos = end
-            pending = buf[pos:]
-            offset += pos
-        if pending:
-            raise StateError(f"truncated spool record in {segment.path} at {offset}")
-    finally:
-        f.close()
+    for chunk in read_chunks(segment):
+        data = chunk.data
+        for start, length, in_stream in zip(
+            chunk.starts, chunk.lengths, chunk.in_stream, strict=True
+        ):
+            yield data[start : start + length], in_stream
 
 
 @dataclass(frozen=True, slots=True)
