@@ -17,7 +17,15 @@ backlog is written once, with every consumer stopped:
 ``bulk``   ``--rows`` rows inserted in ONE transaction (streamed by the server, since
            it passes logical_decoding_work_mem);
 ``mixed``  the same rows in transactions of 1,000 inserts; after every 10,000 rows one
-           transaction updates 10% of them and one deletes 5% of them.
+           transaction updates 10% of them and one deletes 5% of them;
+``update`` ONE transaction updating every row of a table prefilled with ``--rows`` rows;
+``scatter`` ``--updates`` (20,000) single-row update transactions on random rows of a
+           table prefilled with ``--rows`` rows.
+
+For ``update`` and ``scatter`` the table is filled before any consumer exists: the
+native subscriber's copy is filled with the same rows (and refilled before each round,
+untimed), and each sparkapply run's table is its own initial copy, made when it was
+primed.
 
 and ends with a non-transactional logical message whose LSN is ``pg_recvlogical``'s
 ``--endpos``. The consumers then drain the SAME backlog one after another (never two
@@ -240,14 +248,42 @@ def insert_lsn(conn: psycopg.Connection[Any]) -> Lsn:
     return Lsn.parse(str(row[0]))
 
 
-def write_backlog(dsn: str, workload: str, rows: int) -> Backlog:
-    b = Backlog(workload, rows)
+PREFILLED = ("update", "scatter")
+SCATTER_SEED = 20_251_123
+
+
+def prefill(dsn: str, rows: int) -> None:
+    """The same deterministic rows on the publisher and on the native subscriber."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE orders")
+        conn.execute(INSERT, (1, rows))
+        conn.execute("VACUUM ANALYZE orders")
+        conn.execute("CHECKPOINT")
+
+
+def write_backlog(dsn: str, workload: str, rows: int, updates: int = 20_000) -> Backlog:
+    b = Backlog(workload, 0 if workload in PREFILLED else rows)
     with psycopg.connect(dsn, autocommit=True) as conn:
         b.start_lsn = insert_lsn(conn)
         t = time.perf_counter()
         if workload == "bulk":
             b.inserts = conn.execute(INSERT, (1, rows)).rowcount
             b.transactions = 1
+        elif workload == "update":
+            b.updates = conn.execute(
+                "UPDATE orders SET amount = amount + 1, status = 'updated'"
+            ).rowcount
+            b.transactions = 1
+        elif workload == "scatter":
+            import random
+
+            rnd = random.Random(SCATTER_SEED)
+            for _ in range(updates):
+                b.updates += conn.execute(
+                    "UPDATE orders SET amount = amount + 1, status = 'scattered' WHERE id = %s",
+                    (rnd.randint(1, rows),),
+                ).rowcount
+                b.transactions += 1
         else:
             block_start = 1
             for lo in range(1, rows + 1, TXN_ROWS):
@@ -370,13 +406,17 @@ def run_native(
     name: str,
     backlog: Backlog,
     timeout: float,
+    prefilled: int = 0,
 ) -> Run:
     """The consumer's CPU is the subscriber cluster's (its apply workers)."""
+    if prefilled:
+        prefill(subscriber.dsn(), prefilled)
     with (
         psycopg.connect(subscriber.dsn(), autocommit=True) as sub,
         psycopg.connect(pub.dsn(), autocommit=True) as pconn,
     ):
-        sub.execute("TRUNCATE orders")
+        if not prefilled:
+            sub.execute("TRUNCATE orders")
         sub.execute("CHECKPOINT")
         load = loadavg()
         with CpuMeter(postmaster_pid(subscriber), postmaster_pid(pub)) as cpu:
@@ -445,7 +485,7 @@ class Probe:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Probe]:
-        import sparkapply.applier as applier_mod
+        import sparkapply.apply.batch as applier_mod
         import sparkapply.subscriber as subscriber_mod
 
         stream_cls = subscriber_mod.ReplicationStream  # type: ignore[attr-defined]
@@ -477,7 +517,8 @@ class Probe:
                     "rows_written": stats.rows_written,
                     "rows_removed": stats.rows_removed,
                     "files_added": sum(len(r.added) for r in stats.results),
-                    "files_removed": sum(len(r.removed) for r in stats.results),
+                    "files_removed": 0,  # merge-on-read: nothing is rewritten
+                    "delete_files_added": sum(len(r.deletes) for r in stats.results),
                 }
             )
             return stats
@@ -844,6 +885,11 @@ def print_report(
     changes = backlog.changes
     if backlog.workload == "bulk":
         shape = f"{backlog.rows:,} rows inserted in one transaction"
+    elif backlog.workload in PREFILLED:
+        shape = (
+            f"{backlog.updates:,} updates in {backlog.transactions:,} transaction(s)"
+            " on a prefilled table"
+        )
     else:
         shape = (
             f"{backlog.inserts:,} inserts in transactions of {TXN_ROWS:,}, {backlog.updates:,}"
@@ -900,8 +946,11 @@ def print_report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=("bulk", "mixed"), default="bulk")
+    parser.add_argument(
+        "--workload", choices=("bulk", "mixed", "update", "scatter"), default="bulk"
+    )
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--updates", type=int, default=20_000, help="scatter: transactions")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800.0, help="per native run")
     parser.add_argument("--profile", action="store_true", help="two more sparkapply runs")
@@ -938,6 +987,9 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
         with psycopg.connect(sub_dsn, autocommit=True) as conn:
             conn.execute(DDL)
+        prefilled = args.rows if args.workload in PREFILLED else 0
+        if prefilled:
+            prefill(pub_dsn, prefilled)
         recv_slots = [f"recv_{i}" for i in range(repeat)]
         native_subs = [f"native_{i}" for i in range(repeat)]
         sa_slots = [f"sparkapply_{i}" for i in range(repeat)]
@@ -949,7 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in native_subs:
             create_subscription(sub_dsn, pub_dsn, name)
 
-        backlog = write_backlog(pub_dsn, args.workload, args.rows)
+        backlog = write_backlog(pub_dsn, args.workload, args.rows, args.updates)
         log(
             f"backlog: {backlog.changes:,} changes in {backlog.transactions:,} transactions,"
             f" {backlog.wal_bytes / 1e6:.1f} MB of WAL, written in {backlog.seconds:.1f}s"
@@ -960,7 +1012,7 @@ def main(argv: list[str] | None = None) -> int:
             r = run_recvlogical(pub, recv_slots[i], backlog)
             consumers[0].runs.append(r)
             log(f"round {i + 1}: pg_recvlogical {r.seconds:.2f}s (load {r.load_before:.2f})")
-            r = run_native(pub, sub, native_subs[i], backlog, args.timeout)
+            r = run_native(pub, sub, native_subs[i], backlog, args.timeout, prefilled)
             consumers[1].runs.append(r)
             log(f"round {i + 1}: native {r.seconds:.2f}s (load {r.load_before:.2f})")
             r = run_sparkapply(spark, pub, tmp, sa_slots[i], backlog)

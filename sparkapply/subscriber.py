@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from sparkapply.applier import Applier, BatchStats
+from sparkapply.apply.batch import Applier, BatchStats
 from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress

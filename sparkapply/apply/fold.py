@@ -30,9 +30,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sparkapply.apply.decode import stream_decoders
 from sparkapply.changes.spool import SpoolSegment, read_records
 from sparkapply.errors import ApplyError, SparkapplyError
-from sparkapply.pgoutput import Decoder, encode
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.peek import peek_change
 
@@ -154,12 +154,8 @@ def _fold_txn(
 ) -> None:
     rels = {r.relation_id: r for r in txn.relations}
     layouts = {rid: Layout.of(r) for rid, r in rels.items()}
-    plain = Decoder(proto_version=proto_version, streaming=streaming)
-    streamed = Decoder(proto_version=proto_version, streaming=streaming)
-    if proto_version >= 2:
-        streamed.decode(
-            encode(m.StreamStart(txn.xid, True), proto_version=proto_version, streaming=streaming)
-        )
+    decoders = stream_decoders(proto_version, streaming)
+    plain, streamed = decoders[False], decoders[True]
     for payload, in_stream in _records(txn):
         tag = payload[0]
         dec = streamed if in_stream else plain

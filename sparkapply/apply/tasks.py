@@ -2,19 +2,31 @@
 
 The task description and the result are small and picklable; errors come back as
 values (our errors pickle with their context) instead of Java stack traces.
+
+Three paths, chosen per table and batch:
+- insert-only (the driver saw no UPDATE, DELETE or TRUNCATE): column-wise append;
+- keyed: the vectorised fold (``keyfold.py``), then position deletes for the rows it
+  replaces (``effect.py``);
+- the row-wise fold (``fold.py``) for REPLICA IDENTITY FULL tables and for batches
+  that send unchanged TOAST values, with the same merge-on-read output.
 """
 
 from __future__ import annotations
 
 import gc
+import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from sparkapply.apply.effect import WriteResult, apply_delta, write_effect
 from sparkapply.apply.fold import TxnInput, fold_table
 from sparkapply.apply.inserts import append_inserts
-from sparkapply.apply.merge import TableWriter, apply_delta
+from sparkapply.apply.keyfold import NeedsRowFold, fold_keyed
+from sparkapply.apply.writer import TableWriter
 from sparkapply.errors import ApplyError, SparkapplyError
+from sparkapply.sink.files import DataFileInfo
+from sparkapply.sink.rowdelta import DeleteFileInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +37,8 @@ class TableTask:
     key_names: tuple[str, ...]
     txns: tuple[TxnInput, ...]
     schema: pa.Schema  # the Iceberg table's current schema, as Arrow
-    data_files: tuple[str, ...]  # live data files (URIs) of the table
+    data_files: tuple[DataFileInfo, ...]  # live data files of the table
+    delete_files: tuple[DeleteFileInfo, ...]  # live position-delete files
     data_dir: str
     proto_version: int
     streaming: str
@@ -36,58 +49,34 @@ class TableTask:
 class TableResult:
     table: str
     added: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
+    deletes: list[DeleteFileInfo] = field(default_factory=list)
     rows_written: int = 0
     rows_removed: int = 0
     n_changes: int = 0
+    n_inserts: int = 0
+    n_updates: int = 0
+    n_deletes: int = 0
     truncated: bool = False
     last_commit_lsn: int = 0
+    path: str = ""  # which path applied it: insert-only, keyed, row-wise
+    seconds: float = 0.0
     error: SparkapplyError | None = None
+
+    def take(self, written: WriteResult) -> None:
+        self.added = written.added
+        self.deletes = written.deletes
+        self.rows_written = written.rows_written
+        self.rows_removed = written.rows_removed
 
 
 def run_table_task(task: TableTask) -> TableResult:
     result = TableResult(task.table)
-    # The fold makes millions of short-lived objects and no cycles worth collecting.
+    started = time.perf_counter()
+    # The fold makes many short-lived objects and no cycles worth collecting.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        if task.insert_only:
-            written, n_changes = append_inserts(
-                task.relation_ids,
-                task.txns,
-                schema=task.schema,
-                writer=TableWriter(task.data_dir, task.schema),
-                proto_version=task.proto_version,
-                streaming=task.streaming,
-            )
-            result.added = written.added
-            result.rows_written = written.rows_written
-            result.n_changes = n_changes
-            result.last_commit_lsn = max(t.commit_lsn for t in task.txns)
-            return result
-        delta = fold_table(
-            task.relation_ids,
-            task.keyed,
-            task.txns,
-            proto_version=task.proto_version,
-            streaming=task.streaming,
-            table=task.table,
-        )
-        writer = TableWriter(task.data_dir, task.schema)
-        written = apply_delta(
-            delta,
-            schema=task.schema,
-            key_names=task.key_names,
-            data_files=task.data_files,
-            writer=writer,
-        )
-        result.added = written.added
-        result.removed = written.removed
-        result.rows_written = written.rows_written
-        result.rows_removed = written.rows_removed
-        result.n_changes = delta.n_changes
-        result.truncated = delta.truncated
-        result.last_commit_lsn = delta.last_commit_lsn
+        _run(task, result)
     except SparkapplyError as exc:
         result.error = exc.with_context(table=task.table)
     except Exception as exc:  # an executor bug must still name the table
@@ -95,4 +84,74 @@ def run_table_task(task: TableTask) -> TableResult:
     finally:
         if gc_was_enabled:
             gc.enable()
+        result.seconds = time.perf_counter() - started
     return result
+
+
+def _run(task: TableTask, result: TableResult) -> None:
+    writer = TableWriter(task.data_dir, task.schema)
+    result.last_commit_lsn = max(t.commit_lsn for t in task.txns)
+    if task.insert_only:
+        written, n_changes = append_inserts(
+            task.relation_ids,
+            task.txns,
+            schema=task.schema,
+            writer=writer,
+            proto_version=task.proto_version,
+            streaming=task.streaming,
+        )
+        result.take(written)
+        result.n_changes = result.n_inserts = n_changes
+        result.path = "insert-only"
+        return
+    if task.keyed:
+        try:
+            effect = fold_keyed(
+                task.relation_ids,
+                task.txns,
+                schema=task.schema,
+                key_names=task.key_names,
+                proto_version=task.proto_version,
+                streaming=task.streaming,
+                table=task.table,
+            )
+        except NeedsRowFold:
+            pass
+        else:
+            result.take(
+                write_effect(
+                    effect,
+                    key_names=task.key_names,
+                    data_files=task.data_files,
+                    delete_files=task.delete_files,
+                    writer=writer,
+                )
+            )
+            result.n_changes = effect.n_changes
+            result.n_inserts = effect.n_inserts
+            result.n_updates = effect.n_updates
+            result.n_deletes = effect.n_deletes
+            result.truncated = effect.truncated
+            result.path = "keyed"
+            return
+    delta = fold_table(
+        task.relation_ids,
+        task.keyed,
+        task.txns,
+        proto_version=task.proto_version,
+        streaming=task.streaming,
+        table=task.table,
+    )
+    result.take(
+        apply_delta(
+            delta,
+            schema=task.schema,
+            key_names=task.key_names,
+            data_files=task.data_files,
+            delete_files=task.delete_files,
+            writer=writer,
+        )
+    )
+    result.n_changes = delta.n_changes
+    result.truncated = delta.truncated
+    result.path = "row-wise"

@@ -94,6 +94,7 @@ from sparkapply.errors import ErrorKind, SinkError
 from sparkapply.lsn import Lsn
 from sparkapply.sink.files import live_data_files
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
+from sparkapply.sink.rowdelta import DeleteFileInfo, position_delete_file, stage_row_delta
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ def commit_files(
     added: Sequence[str],
     removed: Sequence[str] = (),
     truncate: bool = False,
+    deletes: Sequence[DeleteFileInfo] = (),
     lsn: Lsn,
     extra_summary: Mapping[str, str] | None = None,
     base_snapshot_id: int | Literal[_Base.ANY] | None = ANY_BASE,
@@ -138,6 +140,8 @@ def commit_files(
     as :func:`current_data_files` returns them. ``truncate``: drop every live file
     (``removed`` is then implied). ``lsn``: the commit LSN of the last source
     transaction in the snapshot; must be above the table's applied LSN.
+    ``deletes``: new position-delete files naming rows of live data files (a row
+    delta: see ``rowdelta.py``; committed only on the exact snapshot planned against).
     ``extra_summary``: more summary entries, keys prefixed ``sparkapply.``.
     ``base_snapshot_id``: the snapshot the executors planned against (None for an
     empty table); the commit is refused if the table moved on.
@@ -170,7 +174,7 @@ def commit_files(
         )
 
     to_remove: list[DataFile] = []
-    if truncate or removed:
+    if removed and not truncate:
         live = live_data_files(table)
         missing = [p for p in removed if p not in live]
         if missing:
@@ -184,9 +188,16 @@ def commit_files(
             )
         if already := [p for p in added if p in live]:
             raise SinkError(f"data file is already in the table: {already[0]}", table=name, lsn=lsn)
-        to_remove = list(live.values()) if truncate else [live[p] for p in removed]
+        to_remove = [live[p] for p in removed]
 
     new_files = _describe(table, added, lsn)
+
+    if deletes or truncate:
+        if removed and not truncate:
+            raise SinkError("a row delta cannot also remove data files", table=name, lsn=lsn)
+        snapshot_id = _commit_row_delta(table, new_files, deletes, truncate, summary, lsn)
+        _log_commit(name, snapshot_id, lsn, len(new_files), len(deletes), started)
+        return snapshot_id
 
     txn = table.transaction()
     try:
@@ -216,16 +227,75 @@ def commit_files(
         _resolve_unclear_outcome(table, snapshot_id, lsn, exc)
 
     _check_single_writer(table, snapshot_id, lsn)
+    _log_commit(name, snapshot_id, lsn, len(new_files), -len(to_remove), started)
+    return snapshot_id
+
+
+def _log_commit(
+    name: str, snapshot_id: int, lsn: Lsn, added: int, other: int, started: float
+) -> None:
     logger.debug(
-        "committed %s snapshot %s at LSN %s: +%d -%d files in %.3fs",
+        "committed %s snapshot %s at LSN %s: +%d files, %+d removed/delete files in %.3fs",
         name,
         snapshot_id,
         lsn,
-        len(new_files),
-        len(to_remove),
+        added,
+        other,
         time.monotonic() - started,
     )
-    return snapshot_id
+
+
+def _commit_row_delta(
+    table: Table,
+    new_files: list[DataFile],
+    deletes: Sequence[DeleteFileInfo],
+    truncate: bool,
+    summary: dict[str, str],
+    lsn: Lsn,
+) -> int:
+    """Data files + position deletes (or a TRUNCATE) as one snapshot; see rowdelta.py."""
+    name = table_name(table)
+    spec_id = table.metadata.default_spec_id
+    try:
+        staged = stage_row_delta(
+            table,
+            data_files=new_files,
+            delete_files=[position_delete_file(d, spec_id) for d in deletes],
+            remove_all=truncate,
+            summary_properties=summary,
+            table_properties={LSN_TABLE_PROPERTY: str(lsn)},
+        )
+    except Exception as exc:
+        raise SinkError(
+            f"cannot prepare the commit: {type(exc).__name__}: {exc}",
+            table=name,
+            lsn=lsn,
+            hint="nothing was committed; the added files are orphans",
+        ) from exc
+    try:
+        response = table.catalog.commit_table(table, staged.requirements, staged.updates)
+    except CommitFailedException as exc:
+        _delete_quietly(table, staged.written)
+        raise CommitConflictError(
+            f"the table changed under the commit: {exc}",
+            table=name,
+            lsn=lsn,
+            hint="nothing was committed; re-load the table and re-plan the batch",
+        ) from exc
+    except Exception as exc:
+        _resolve_unclear_outcome(table, staged.snapshot_id, lsn, exc)
+        return staged.snapshot_id
+    table.metadata = response.metadata
+    table.metadata_location = response.metadata_location
+    return staged.snapshot_id
+
+
+def _delete_quietly(table: Table, paths: Sequence[str]) -> None:
+    for path in paths:
+        try:
+            table.io.delete(path)
+        except OSError as exc:  # an orphan wastes space; it is never read
+            logger.debug("cannot remove %s: %s", path, exc)
 
 
 def _stage(

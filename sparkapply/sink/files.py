@@ -1,22 +1,26 @@
-"""The table's data files as the executors see them, and removal of orphaned files.
+"""The table's live files as the executors see them, and removal of orphaned files.
 
-Executors apply copy-on-write: they read the footers (and, when a key may be inside,
-the rows) of the current data files, so what crosses to them is a list of small,
-picklable :class:`DataFileInfo`. Delete files are the one thing they cannot see: a
-table that another engine wrote with merge-on-read deletes would resurrect deleted
-rows in every file sparkapply rewrites, so :func:`current_data_files` refuses it.
+Executors locate the rows a batch replaces by reading the key columns of the live data
+files, minus the positions the live position-delete files already delete, so what
+crosses to them is a list of small, picklable :class:`DataFileInfo` (with the key
+column's bounds, to skip files that cannot hold a key) and :class:`DeleteFileInfo`.
+Equality deletes (written by other engines) are the one thing they cannot apply, so
+:func:`live_files` refuses a table that has them.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
+from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table
+from pyiceberg.types import PrimitiveType
 
 from sparkapply.errors import SinkError
+from sparkapply.sink.rowdelta import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +34,17 @@ class DataFileInfo:
     this exact string names the file in ``commit_files(removed=…)``."""
     record_count: int
     file_size_in_bytes: int
+    # Bounds of the single key column (Python values), when the manifest has them.
+    key_lower: object = None
+    key_upper: object = None
+
+
+@dataclass(slots=True)
+class LiveFiles:
+    """The current snapshot's live data files and position-delete files."""
+
+    data: dict[str, DataFile] = field(default_factory=dict)
+    deletes: list[DataFile] = field(default_factory=list)
 
 
 def current_snapshot_id(table: Table) -> int | None:
@@ -37,41 +52,88 @@ def current_snapshot_id(table: Table) -> int | None:
     return table.metadata.current_snapshot_id
 
 
-def current_data_files(table: Table) -> list[DataFileInfo]:
-    """The live data files of ``table``'s current snapshot (as loaded; no refresh).
+def current_data_files(table: Table, key_column: str | None = None) -> list[DataFileInfo]:
+    """The live data files of ``table``'s current snapshot (as loaded; no refresh),
+    with the bounds of ``key_column`` when given and recorded."""
+    return data_file_infos(table, live_files(table), key_column)
 
-    Raises :class:`SinkError` if the snapshot has delete files, which sparkapply's
-    copy-on-write executors cannot apply.
-    """
-    return [
-        DataFileInfo(f.file_path, f.record_count, f.file_size_in_bytes)
-        for f in live_data_files(table).values()
-    ]
+
+def data_file_infos(
+    table: Table, live: LiveFiles, key_column: str | None = None
+) -> list[DataFileInfo]:
+    field_id: int | None = None
+    key_type: PrimitiveType | None = None
+    if key_column is not None:
+        key_field = table.schema().find_field(key_column)
+        if isinstance(key_field.field_type, PrimitiveType):
+            field_id, key_type = key_field.field_id, key_field.field_type
+    infos = []
+    for f in live.data.values():
+        lower = upper = None
+        if field_id is not None and key_type is not None:
+            lo = (f.lower_bounds or {}).get(field_id)
+            hi = (f.upper_bounds or {}).get(field_id)
+            if lo is not None and hi is not None:
+                lower, upper = from_bytes(key_type, lo), from_bytes(key_type, hi)
+        infos.append(DataFileInfo(f.file_path, f.record_count, f.file_size_in_bytes, lower, upper))
+    return infos
+
+
+def delete_file_infos(live: LiveFiles) -> list[DeleteFileInfo]:
+    infos = []
+    for f in live.deletes:
+        lo = (f.lower_bounds or {}).get(FILE_PATH_FIELD_ID)
+        hi = (f.upper_bounds or {}).get(FILE_PATH_FIELD_ID)
+        lo_pos = (f.lower_bounds or {}).get(POS_FIELD_ID)
+        hi_pos = (f.upper_bounds or {}).get(POS_FIELD_ID)
+        infos.append(
+            DeleteFileInfo(
+                f.file_path,
+                f.record_count,
+                f.file_size_in_bytes,
+                lo.decode() if lo is not None else "",
+                # No bounds: the file may name any path.
+                hi.decode() if hi is not None else "\U0010ffff",
+                int.from_bytes(lo_pos, "little", signed=True) if lo_pos else 0,
+                int.from_bytes(hi_pos, "little", signed=True) if hi_pos else 2**62,
+            )
+        )
+    return infos
 
 
 def live_data_files(table: Table) -> dict[str, DataFile]:
     """``path → DataFile`` of the current snapshot (the manifests' own entries, whose
     statistics an overwrite needs to keep the snapshot summary's totals right)."""
+    return live_files(table).data
+
+
+def live_files(table: Table) -> LiveFiles:
+    """The current snapshot's live data and position-delete files.
+
+    Raises :class:`SinkError` if the snapshot has equality-delete files, which
+    sparkapply's executors cannot apply.
+    """
+    live = LiveFiles()
     snapshot = table.current_snapshot()
     if snapshot is None:
-        return {}
-    files: dict[str, DataFile] = {}
+        return live
     for manifest in snapshot.manifests(table.io):
-        if manifest.content != ManifestContent.DATA:
-            if manifest.has_added_files() or manifest.has_existing_files():
-                raise SinkError(
-                    "table has row-level delete files, which sparkapply cannot apply",
-                    table=".".join(table.name()),
-                    hint="another engine wrote merge-on-read deletes; rewrite the table's data "
-                    "files with that engine (rewrite_data_files with delete-file-threshold=1) "
-                    "and set write.delete.mode / write.update.mode / write.merge.mode to "
-                    "copy-on-write",
-                )
+        if not (manifest.has_added_files() or manifest.has_existing_files()):
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.data_file.content == DataFileContent.DATA:
-                files[entry.data_file.file_path] = entry.data_file
-    return files
+            f = entry.data_file
+            if f.content == DataFileContent.DATA:
+                live.data[f.file_path] = f
+            elif f.content == DataFileContent.POSITION_DELETES:
+                live.deletes.append(f)
+            else:
+                raise SinkError(
+                    "table has equality-delete files, which sparkapply cannot apply",
+                    table=".".join(table.name()),
+                    hint="another engine wrote equality deletes; rewrite the table's data "
+                    "files with that engine (rewrite_data_files with delete-file-threshold=1)",
+                )
+    return live
 
 
 def remove_orphans(table: Table, paths: Iterable[str]) -> list[str]:
@@ -96,7 +158,8 @@ def remove_orphans(table: Table, paths: Iterable[str]) -> list[str]:
             table=".".join(table.name()),
             hint="nothing was deleted; the files can be removed later by an orphan-file sweep",
         ) from exc
-    live = live_data_files(table)
+    live_now = live_files(table)
+    live = {*live_now.data, *(f.file_path for f in live_now.deletes)}
     removed: list[str] = []
     for path in wanted:
         if path in live:

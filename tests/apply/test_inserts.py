@@ -8,9 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from sparkapply.apply.effect import apply_delta
 from sparkapply.apply.fold import TxnInput, fold_table
 from sparkapply.apply.inserts import append_inserts
-from sparkapply.apply.merge import TableWriter, apply_delta
+from sparkapply.apply.writer import TableWriter
 from sparkapply.changes.spool import SpoolWriter
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput import encode
@@ -66,6 +67,7 @@ def test_column_wise_equals_row_wise(tmp_path: Path) -> None:
         schema=SCHEMA,
         key_names=("id",),
         data_files=(),
+        delete_files=(),
         writer=TableWriter(str(tmp_path / "b"), SCHEMA),
     )
     read = lambda paths: pa.concat_tables(  # noqa: E731

@@ -31,6 +31,7 @@ from sparkapply.sink import (
     read_table,
     remove_orphans,
 )
+from sparkapply.sink.files import delete_file_infos, live_files
 
 from .conftest import ORDERS
 from .executor_files import ORDERS_ARROW, UTC, order, to_arrow, write_data_file, write_orders
@@ -371,18 +372,18 @@ def test_data_file_info_is_small_and_picklable(orders: Table) -> None:
     assert pq.read_metadata(info.path).num_rows == 3  # executors open it as given
 
 
-def test_merge_on_read_deletes_are_refused(orders: Table) -> None:
-    # Spark or Trino in merge-on-read mode add delete files; sparkapply's executors
-    # read data files as they are, so rewriting one would resurrect deleted rows.
+def test_position_deletes_of_another_engine_are_honoured(orders: Table) -> None:
+    # Spark or Trino in merge-on-read mode add delete files; sparkapply's executors see
+    # them (DeleteFileInfo) and never count a deleted row as live.
     path = write_orders(orders, [1, 2])
     commit_files(orders, added=[path], lsn=Lsn("0/10"))
     delete_row(orders, path, 0)
     assert ids(orders) == [2]
-    with pytest.raises(SinkError, match="delete files"):
-        current_data_files(orders)
-    with pytest.raises(SinkError, match="delete files"):
-        commit_files(orders, added=[], removed=[path], lsn=Lsn("0/20"))
+    assert [f.path for f in current_data_files(orders)] == [path]
+    (d,) = delete_file_infos(live_files(orders))
+    assert d.lower_path <= path <= d.upper_path
     commit_files(orders, added=[write_orders(orders, [3])], lsn=Lsn("0/20"))  # appends still work
+    assert ids(orders) == [2, 3]
 
 
 class LostResponse(ConnectionError):

@@ -1,10 +1,11 @@
 """Apply one batch of committed transactions: tables, one Spark job, one commit per table.
 
-ORDERING
+The driver half of the apply. ORDERING
     The batch's transactions are in source commit order. Per table they form a chain
     (see :mod:`sparkapply.plan.graph`); one Spark task folds a table's chain and writes
-    its files; the driver commits one snapshot per table stamped with the commit LSN
-    of the last transaction it contains.
+    its files (new row versions as data files, replaced rows as position deletes:
+    merge-on-read); the driver commits one snapshot per table stamped with the commit
+    LSN of the last transaction it contains.
 
 FAILURE AND RESTART
     Nothing is acknowledged until every table of the batch has committed. A crash
@@ -36,7 +37,13 @@ from sparkapply.pgoutput import messages as m
 from sparkapply.plan.graph import dependency_graph, table_lanes
 from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.commit import commit_files
-from sparkapply.sink.files import current_data_files, current_snapshot_id, remove_orphans
+from sparkapply.sink.files import (
+    current_snapshot_id,
+    data_file_infos,
+    delete_file_infos,
+    live_files,
+    remove_orphans,
+)
 from sparkapply.sink.maintenance import expire_snapshots
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import evolve_to
@@ -147,6 +154,7 @@ class Applier:
             )
             latest = _full_identity(rels[-1][0])
             key_names = tuple(c.name for c in latest.columns if c.is_key)
+            live = live_files(table) if not insert_only else None
             txns = tuple(
                 TxnInput(
                     ordinal=o,
@@ -165,7 +173,12 @@ class Applier:
                     key_names=key_names,
                     txns=txns,
                     schema=arrow_schema_of(table),
-                    data_files=tuple(f.path for f in current_data_files(table)),
+                    data_files=tuple(
+                        data_file_infos(table, live, key_names[0] if len(key_names) == 1 else None)
+                    )
+                    if live is not None
+                    else (),
+                    delete_files=tuple(delete_file_infos(live)) if live is not None else (),
                     data_dir=data_directory(table),
                     proto_version=self.proto_version,
                     streaming=self.streaming,
@@ -178,10 +191,12 @@ class Applier:
         failed = [r for r in results if r.error is not None]
         if failed:
             for r in results:
-                remove_orphans(planned[r.table][0], r.added)
+                remove_orphans(planned[r.table][0], [*r.added, *(d.path for d in r.deletes)])
             err = failed[0].error
             assert err is not None
             raise err
+        if any(r.deletes for r in results):
+            failpoint("deletes-written")
         failpoint("before-commit")
         for r in results:
             table, ident, base = planned[r.table]
@@ -189,13 +204,13 @@ class Applier:
                 commit_files(
                     table,
                     added=r.added,
-                    removed=r.removed,
+                    deletes=r.deletes,
                     truncate=r.truncated,
                     lsn=Lsn(r.last_commit_lsn),
                     base_snapshot_id=base,
                 )
             except SparkapplyError:
-                remove_orphans(table, r.added)
+                remove_orphans(table, [*r.added, *(d.path for d in r.deletes)])
                 raise
             failpoint("after-table-commit")
             self._expire(table)

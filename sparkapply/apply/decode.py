@@ -1,0 +1,229 @@
+"""Column-wise decoding of spooled change records (INSERT, UPDATE, DELETE). Executor side.
+
+A run of change records of one relation layout is decoded without a Python object per
+row or per value: each tuple's kinds, lengths and value bytes sit at positions numpy
+computes for all rows at once, and each column's value bytes are gathered into one
+Arrow binary array (PostgreSQL text) that :func:`~sparkapply.convert.values.to_arrow`
+converts. Every position is checked against its record's bounds before bytes are
+gathered, so a malformed record raises :class:`ProtocolError`, never an IndexError.
+
+Record layouts (after the tag, the xid inside a stream block, and the relation id):
+``I``: ``'N'`` tuple; ``U``: [``'K'``|``'O'`` tuple] ``'N'`` tuple; ``D``: ``'K'``|``'O'``
+tuple. A tuple is ``int16 natts`` then per column a kind byte (``n`` null, ``u``
+unchanged TOAST, ``t`` text + ``int32`` length + bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from sparkapply.changes.spool import RecordChunk
+from sparkapply.errors import ProtocolError
+from sparkapply.pgoutput import Decoder
+
+OP_I, OP_U, OP_D, TAG_R, TAG_T = (ord(c) for c in "IUDRT")
+_N, _K, _O = ord("N"), ord("K"), ord("O")
+KIND_TEXT, KIND_NULL, KIND_UNCHANGED = ord("t"), ord("n"), ord("u")
+
+
+def be32(b: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    out: np.ndarray = (
+        (b[pos].astype(np.int64) << 24)
+        | (b[pos + 1].astype(np.int64) << 16)
+        | (b[pos + 2].astype(np.int64) << 8)
+        | b[pos + 3].astype(np.int64)
+    )
+    return out
+
+
+def malformed(what: str, tag: str = "?") -> ProtocolError:
+    return ProtocolError(f"malformed change record in the spool: {what}", tag=tag)
+
+
+@dataclass(slots=True)
+class Tuples:
+    """One tuple per row: per column, the kind bytes and the raw text (null unless 't')."""
+
+    kinds: list[np.ndarray]
+    values: list[pa.Array]
+    ends: np.ndarray  # position after each tuple
+
+    def has_unchanged(self) -> bool:
+        return any(bool(np.any(k == KIND_UNCHANGED)) for k in self.kinds)
+
+
+def decode_tuples(
+    b: np.ndarray, pos: np.ndarray, ends: np.ndarray, names: Sequence[str], tag: str
+) -> Tuples:
+    """Decode the tuples that start at ``pos`` (their ``int16 natts``)."""
+    if np.any(pos + 2 > ends):
+        raise malformed("tuple header is cut off", tag)
+    natts = (b[pos].astype(np.int64) << 8) | b[pos + 1].astype(np.int64)
+    if np.any(natts != len(names)):
+        raise malformed(f"column count differs from the RELATION ({len(names)})", tag)
+    pos = pos + 2
+    kinds: list[np.ndarray] = []
+    values: list[pa.Array] = []
+    for name in names:
+        if np.any(pos >= ends):
+            raise malformed(f"tuple ends before column {name!r}", tag)
+        kind = b[pos]
+        isval = kind == KIND_TEXT
+        known = isval | (kind == KIND_NULL) | (kind == KIND_UNCHANGED)
+        if not bool(np.all(known)):
+            bad = sorted({chr(int(k)) for k in kind[~known]})
+            raise malformed(f"column {name!r} has kind(s) {bad} (expected t, n or u)", tag)
+        vpos = np.where(isval, pos + 1, pos)
+        if np.any(isval & (vpos + 4 > ends)):
+            raise malformed(f"length of column {name!r} is cut off", tag)
+        ln = np.where(isval, be32(b, np.where(isval, vpos, 0)), 0)
+        if np.any(ln >= 1 << 31) or np.any(isval & (vpos + 4 + ln > ends)):
+            raise malformed(f"value of column {name!r} runs past its record", tag)
+        vstart = vpos + 4
+        offsets = np.zeros(len(ln) + 1, np.int64)
+        np.cumsum(ln, out=offsets[1:])
+        total = int(offsets[-1])
+        idx = np.arange(total, dtype=np.int64) + np.repeat(vstart - offsets[:-1], ln)
+        validity = None if bool(isval.all()) else pa.array(isval).buffers()[1]
+        values.append(
+            pa.Array.from_buffers(
+                pa.large_binary(),
+                len(ln),
+                [validity, pa.py_buffer(offsets), pa.py_buffer(b[idx])],
+            )
+        )
+        kinds.append(kind)
+        pos = np.where(isval, vstart + ln, pos + 1)
+    return Tuples(kinds, values, pos)
+
+
+@dataclass(slots=True)
+class ChangeRun:
+    """Change records of one relation (one layout), in record order.
+
+    ``new`` holds the new tuple of INSERT/UPDATE rows (DELETE rows have nulls there,
+    and kind ``n``); ``old`` the old tuple of UPDATEs that sent one and of DELETEs
+    (``has_old`` says which rows); for the other rows it is null.
+    """
+
+    relation_id: int
+    ops: np.ndarray  # uint8 OP_I / OP_U / OP_D
+    new: Tuples
+    old: Tuples
+    has_old: np.ndarray
+
+
+def _scatter(part: Tuples, rows: np.ndarray, n: int) -> Tuples:
+    """Spread tuples decoded for ``rows`` to ``n`` rows (nulls elsewhere)."""
+    if len(rows) == n:
+        return part
+    kinds = []
+    values = []
+    target = np.full(n, -1, np.int64)
+    target[rows] = np.arange(len(rows))
+    take = pa.array(target, mask=target < 0)
+    for k, v in zip(part.kinds, part.values, strict=True):
+        full = np.full(n, KIND_NULL, np.uint8)
+        full[rows] = k
+        kinds.append(full)
+        values.append(v.take(take))
+    ends = np.zeros(n, np.int64)
+    ends[rows] = part.ends
+    return Tuples(kinds, values, ends)
+
+
+def decode_changes(
+    b: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    in_stream: np.ndarray,
+    relation_id: int,
+    names: Sequence[str],
+) -> ChangeRun:
+    """Decode change records of one relation layout (any mix of I, U and D)."""
+    ops = b[starts]
+    pos = starts + 1 + np.where(in_stream, 4, 0) + 4  # tag, [xid], relid
+    if np.any(pos + 1 > ends):
+        raise malformed("record ends after its relation id")
+    marker = b[pos]
+    is_i, is_u, is_d = ops == OP_I, ops == OP_U, ops == OP_D
+    has_old = (is_u | is_d) & ((marker == _K) | (marker == _O))
+    if np.any(is_d & ~has_old):
+        raise malformed("DELETE without an old tuple ('K' or 'O')", "D")
+    n = len(starts)
+    old_rows = np.flatnonzero(has_old)
+    old = decode_tuples(b, pos[old_rows] + 1, ends[old_rows], names, "U/D")
+    new_pos = pos.copy()
+    new_pos[old_rows] = old.ends
+    new_rows = np.flatnonzero(is_i | is_u)
+    if np.any(new_pos[new_rows] + 1 > ends[new_rows]) or np.any(b[new_pos[new_rows]] != _N):
+        raise malformed("no new tuple ('N') where one must be", "I/U")
+    new = decode_tuples(b, new_pos[new_rows] + 1, ends[new_rows], names, "I/U")
+    d_ends = old.ends[is_d[old_rows]]
+    if np.any(new.ends != ends[new_rows]) or np.any(d_ends != ends[is_d & has_old]):
+        raise malformed("trailing bytes after the tuple")
+    return ChangeRun(
+        relation_id, ops, _scatter(new, new_rows, n), _scatter(old, old_rows, n), has_old
+    )
+
+
+@dataclass(slots=True)
+class ChunkIndex:
+    """A spool chunk's records as numpy arrays, with each change record's relation id."""
+
+    b: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    in_stream: np.ndarray
+    tags: np.ndarray
+    relids: np.ndarray  # -1 for records that are not changes
+    chunk: RecordChunk
+
+    @classmethod
+    def of(cls, chunk: RecordChunk) -> ChunkIndex:
+        b = np.frombuffer(chunk.data, np.uint8)
+        starts = np.asarray(chunk.starts, np.int64)
+        ends = starts + np.asarray(chunk.lengths, np.int64)
+        in_stream = np.asarray(chunk.in_stream, bool)
+        if np.any(ends - starts < 1):
+            raise ProtocolError("empty message in the spool")
+        tags = b[starts]
+        is_change = (tags == OP_I) | (tags == OP_U) | (tags == OP_D)
+        relpos = starts + 1 + np.where(in_stream, 4, 0)
+        if np.any(is_change & (relpos + 4 > ends)):
+            raise ProtocolError("change message too short for its relation id")
+        relids = np.where(is_change, be32(b, np.where(is_change, relpos, 0)), -1)
+        return cls(b, starts, ends, in_stream, tags, relids, chunk)
+
+    def payload(self, i: int) -> bytes:
+        start = self.chunk.starts[i]
+        return self.chunk.data[start : start + self.chunk.lengths[i]]
+
+    def runs(self, relation_ids: frozenset[int]) -> Iterator[tuple[int, np.ndarray | None]]:
+        """Alternate runs of this table's change records (``(-1, rows)``) with the
+        RELATION/TRUNCATE record that separates them (``(i, None)``), in order."""
+        mine = np.isin(self.relids, np.fromiter(relation_ids, np.int64, len(relation_ids)))
+        special = np.flatnonzero((self.tags == TAG_R) | (self.tags == TAG_T))
+        run_start = 0
+        for i in [*special.tolist(), len(self.tags)]:
+            sel = np.flatnonzero(mine[run_start:i]) + run_start
+            if len(sel):
+                yield -1, sel
+            if i < len(self.tags):
+                yield i, None
+            run_start = i + 1
+
+
+def stream_decoders(proto_version: int, streaming: str) -> dict[bool, Decoder]:
+    """Decoders for records received outside and inside a stream block."""
+    plain = Decoder(proto_version=proto_version, streaming=streaming)
+    if proto_version < 2:
+        return {False: plain, True: plain}
+    return {
+        False: plain,
+        True: Decoder(proto_version=proto_version, streaming=streaming, in_stream=True),
+    }

@@ -1,0 +1,299 @@
+"""Write a table's net effect: new row versions as data files, replaced rows as
+position deletes (merge-on-read). Executor side.
+
+Inputs are the net effect of the batch on the table, from the vectorised fold
+(:class:`~sparkapply.apply.keyfold.NetEffect`) or the row-wise fold
+(:class:`~sparkapply.apply.fold.TableDelta`), and the table's live data and delete
+files. Rows the batch replaces or deletes are located (``locate.py``) and named in one
+position-delete file; new and changed rows go to new data files. Nothing is rewritten,
+so a batch writes bytes in proportion to what it changes, not to the table's size.
+Only descriptions cross back to the driver, which commits them.
+
+Pure-insert batches never read the table: PostgreSQL's own key uniqueness guarantees
+no pre-batch row shares a key with a row inserted now, and the per-table applied LSN
+guarantees a batch is not applied twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkapply.apply.columns import convert_column
+from sparkapply.apply.fold import Key, Layout, Row, TableDelta, _Unchanged
+from sparkapply.apply.keyfold import NetEffect
+from sparkapply.apply.keys import canonical_keys
+from sparkapply.apply.locate import live_rows, locate_keys
+from sparkapply.apply.writer import TableWriter
+from sparkapply.convert.types import PgColumnType
+from sparkapply.convert.values import to_arrow
+from sparkapply.errors import ConversionError, SparkapplyError
+from sparkapply.sink.files import DataFileInfo
+from sparkapply.sink.rowdelta import DeleteFileInfo
+
+# Rows per data file written by one task (bounded memory, files of a useful size).
+ROWS_PER_FILE = 1_000_000
+
+
+@dataclass(slots=True)
+class WriteResult:
+    added: list[str] = field(default_factory=list)
+    deletes: list[DeleteFileInfo] = field(default_factory=list)
+    rows_written: int = 0
+    rows_removed: int = 0
+
+
+def write_rows(table: pa.Table, writer: TableWriter, result: WriteResult) -> None:
+    for start in range(0, table.num_rows, ROWS_PER_FILE):
+        part = table.slice(start, ROWS_PER_FILE)
+        result.added.append(writer.write(part))
+        result.rows_written += part.num_rows
+
+
+def _write_positions(
+    positions: dict[str, np.ndarray], writer: TableWriter, result: WriteResult
+) -> None:
+    info = writer.write_deletes(positions)
+    if info is not None:
+        result.deletes.append(info)
+        result.rows_removed += info.record_count
+
+
+def write_effect(
+    effect: NetEffect,
+    *,
+    key_names: Sequence[str],
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    writer: TableWriter,
+) -> WriteResult:
+    """Files for the vectorised fold's net effect."""
+    result = WriteResult()
+    if not effect.truncated and effect.remove_keys:
+        positions = locate_keys(effect.remove_keys, key_names, data_files, delete_files)
+        _write_positions(positions, writer, result)
+    write_rows(effect.upserts, writer, result)
+    return result
+
+
+def _ctype(layout: Layout, i: int) -> PgColumnType:
+    return PgColumnType(layout.type_oids[i], layout.type_modifiers[i])
+
+
+def rows_to_arrow(rows: Sequence[Row], schema: pa.Schema) -> tuple[pa.Table, dict[str, list[int]]]:
+    """Convert rows (possibly of several layouts) to one table in ``schema``.
+
+    Returns the table and, per column, the row indexes whose value is still
+    UNCHANGED (to be filled from the pre-batch row).
+    """
+    by_layout: dict[Layout, list[int]] = defaultdict(list)
+    for idx, row in enumerate(rows):
+        by_layout[row.layout].append(idx)
+    parts = []
+    order: list[int] = []
+    unchanged: dict[str, list[int]] = defaultdict(list)
+    for layout, idxs in by_layout.items():
+        base = len(order)
+        order.extend(idxs)
+        columns = {}
+        for ci, name in enumerate(layout.names):
+            if schema.get_field_index(name) < 0:
+                continue
+            raw = []
+            for j, ri in enumerate(idxs):
+                v = rows[ri].values[ci]
+                if isinstance(v, _Unchanged):
+                    unchanged[name].append(base + j)
+                    v = None
+                raw.append(v)
+            try:
+                arr = to_arrow(_ctype(layout, ci), raw)
+            except SparkapplyError as exc:
+                raise exc.with_context(column=name) from None
+            columns[name] = arr
+        arrays = []
+        for f in schema:
+            arr = columns.get(f.name)
+            if arr is None:
+                arrays.append(pa.nulls(len(idxs), f.type))
+            else:
+                try:
+                    arrays.append(arr.cast(f.type) if arr.type != f.type else arr)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise ConversionError(
+                        f"cannot store {arr.type} values in column of type {f.type}: {exc}",
+                        column=f.name,
+                    ) from exc
+        parts.append(pa.Table.from_arrays(arrays, schema=schema))
+    if not parts:
+        return schema.empty_table(), {}
+    table = pa.concat_tables(parts)
+    # Back to the callers' row order, so indexes line up with ``rows``.
+    inverse = [0] * len(order)
+    for pos, ri in enumerate(order):
+        inverse[ri] = pos
+    table = table.take(pa.array(inverse, pa.int64()))
+    remapped = {name: [order[i] for i in idxs] for name, idxs in unchanged.items()}
+    return table, remapped
+
+
+def typed_keys(keys: Sequence[Key], layouts: Sequence[Layout], schema: pa.Schema) -> list[pa.Array]:
+    """Text key tuples (each read with its layout) as typed key columns of the table."""
+    by_layout: dict[Layout, list[Key]] = defaultdict(list)
+    for key, layout in zip(keys, layouts, strict=True):
+        by_layout[layout].append(key)
+    columns: list[list[pa.Array]] = []
+    for layout, group in by_layout.items():
+        for j, ci in enumerate(layout.key_idx):
+            f = schema.field(layout.names[ci])
+            arr = convert_column(_ctype(layout, ci), [k[j] for k in group], f)
+            if len(columns) <= j:
+                columns.append([])
+            columns[j].append(arr)
+    return [pa.concat_arrays(parts) for parts in columns]
+
+
+def apply_delta(
+    delta: TableDelta,
+    *,
+    schema: pa.Schema,
+    key_names: Sequence[str],
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    writer: TableWriter,
+) -> WriteResult:
+    """Files for the row-wise fold's net effect."""
+    result = WriteResult()
+    upserts = delta.upserts()
+    table, unchanged = rows_to_arrow(upserts, schema)
+    if delta.keyed and not delta.truncated and not delta.only_inserts:
+        table = _delete_keyed(
+            delta, upserts, table, unchanged, schema, key_names, data_files, delete_files,
+            writer, result,
+        )
+    if not delta.keyed and not delta.truncated and delta.removes:
+        _delete_full(delta, schema, data_files, delete_files, writer, result)
+    write_rows(table, writer, result)
+    return result
+
+
+def _delete_keyed(
+    delta: TableDelta,
+    upserts: Sequence[Row],
+    table: pa.Table,
+    unchanged: dict[str, list[int]],
+    schema: pa.Schema,
+    key_names: Sequence[str],
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    writer: TableWriter,
+    result: WriteResult,
+) -> pa.Table:
+    """Position deletes for the removed keys; fill unchanged TOAST values from the live
+    rows of their source keys. Returns the upserts, filled."""
+    remove = list(delta.remove_keys)
+    keys = typed_keys(remove, [delta.remove_keys[k] for k in remove], schema)
+    positions = locate_keys(keys, key_names, data_files, delete_files)
+    if unchanged:
+        table = _fill_unchanged(
+            table, upserts, unchanged, schema, key_names, data_files, delete_files, remove, keys
+        )
+    _write_positions(positions, writer, result)
+    return table
+
+
+def _fill_unchanged(
+    table: pa.Table,
+    upserts: Sequence[Row],
+    unchanged: dict[str, list[int]],
+    schema: pa.Schema,
+    key_names: Sequence[str],
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    remove: Sequence[Key],
+    keys: Sequence[pa.Array],
+) -> pa.Table:
+    """Unchanged TOAST values: the column of the live pre-batch row of the source key
+    (every source key is also a removed key: the row it names is replaced)."""
+    canon_list = canonical_keys(keys).to_pylist() if keys else []
+    canon_of = dict(zip(remove, canon_list, strict=True))
+    sources = {canon_of[r.source_key] for r in upserts if r.source_key is not None}
+    found: dict[bytes, dict[str, object]] = {}
+    fill_cols = sorted(unchanged)
+    if sources:
+        source_arr = pa.array(sorted(sources), pa.binary())
+        wanted = list(dict.fromkeys([*key_names, *fill_cols]))
+        for rows in live_rows(data_files, delete_files, wanted):
+            canon = canonical_keys([rows.table.column(k) for k in key_names])
+            hit = pc.is_in(canon, value_set=source_arr).to_numpy(zero_copy_only=False) & rows.live
+            if not hit.any():
+                continue
+            mask = pa.array(hit)
+            picked = rows.table.filter(mask)
+            picked_keys = canon.filter(mask).to_pylist()
+            cols = {c: picked.column(c).to_pylist() for c in fill_cols if c in picked.column_names}
+            for n, k in enumerate(picked_keys):
+                found[k] = {c: vals[n] for c, vals in cols.items()}
+    for name, idxs in unchanged.items():
+        values = table.column(name).to_pylist()
+        for i in idxs:
+            src = upserts[i].source_key
+            prior = found.get(canon_of.get(src, b"")) if src is not None else None
+            # No pre-batch row (never copied): the value is unknown, stored as null.
+            values[i] = prior.get(name) if prior else None
+        col = pa.array(values, type=schema.field(name).type)
+        table = table.set_column(table.schema.get_field_index(name), name, col)
+    return table
+
+
+def _delete_full(
+    delta: TableDelta,
+    schema: pa.Schema,
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    writer: TableWriter,
+    result: WriteResult,
+) -> None:
+    """REPLICA IDENTITY FULL: delete exactly ``count`` live rows equal to each removed
+    image (duplicates are a multiset)."""
+    wanted: dict[Layout, dict[bytes, int]] = defaultdict(dict)
+    by_layout: dict[Layout, list[tuple[Key, int]]] = defaultdict(list)
+    for (layout, image), count in delta.removes.items():
+        by_layout[layout].append((image, count))
+    for layout, items in by_layout.items():
+        images = [Row(layout, list(image)) for image, _ in items]
+        tbl, _ = rows_to_arrow(images, schema)
+        names = [n for n in layout.names if schema.get_field_index(n) >= 0]
+        canon = canonical_keys([tbl.column(n) for n in names]).to_pylist()
+        for c, (_, count) in zip(canon, items, strict=True):
+            wanted[layout][c] = wanted[layout].get(c, 0) + count
+    positions: dict[str, np.ndarray] = {}
+    for live in live_rows(data_files, delete_files, schema.names):
+        if not any(wanted.values()):
+            break
+        drop = np.zeros(live.table.num_rows, dtype=np.bool_)
+        for layout, remaining in wanted.items():
+            if not remaining:
+                continue
+            names = [n for n in layout.names if schema.get_field_index(n) >= 0]
+            canon = canonical_keys([live.table.column(n) for n in names])
+            hits = pc.is_in(canon, value_set=pa.array(list(remaining), pa.binary()))
+            hit_np = hits.to_numpy(zero_copy_only=False) & live.live & np.logical_not(drop)
+            if not hit_np.any():
+                continue
+            keys = canon.to_pylist()
+            for i in np.flatnonzero(hit_np).tolist():
+                k = keys[i]
+                if remaining.get(k, 0) > 0:
+                    remaining[k] -= 1
+                    if remaining[k] == 0:
+                        del remaining[k]
+                    drop[i] = True
+        if drop.any():
+            positions[live.file.path] = np.flatnonzero(drop)
+    _write_positions(positions, writer, result)

@@ -1,0 +1,257 @@
+"""The vectorised fold of a keyed table's changes: the net effect per key, in Arrow.
+
+Runs on an executor, for a table with a replica-identity key whose batch sends no
+unchanged TOAST value (those go through the row-wise fold in ``fold.py``, which gives
+the same result: the tests run both on the same inputs).
+
+EVENTS
+    Every change becomes one or two events on a key, numbered in commit order: an
+    INSERT or UPDATE *puts* the new row under its new key; an UPDATE that changes the
+    key first *removes* the old key; a DELETE *removes* its key. Keys are typed values
+    (the key columns' text converted to the table's types), so equal values are equal
+    whatever their text spelling or the relation layout they came with.
+
+NET EFFECT
+    Sorted by (key, event number), the last event of a key says what the table ends
+    with: the row of the last put, or nothing. The first event says whether a
+    pre-batch row can exist: a key whose first event is an INSERT's put did not exist
+    before the batch (PostgreSQL's key uniqueness), so it needs no lookup; every other
+    key touched names a pre-batch row to delete if one is live.
+
+    TRUNCATE empties the table at its position: events before the last one are
+    dropped and every pre-batch row goes, so no key needs a lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkapply.apply.columns import convert_columns, fit_table
+from sparkapply.apply.decode import (
+    OP_D,
+    OP_I,
+    OP_U,
+    ChangeRun,
+    ChunkIndex,
+    decode_changes,
+    stream_decoders,
+)
+from sparkapply.apply.fold import Layout, TxnInput
+from sparkapply.changes.spool import read_chunks
+from sparkapply.errors import ApplyError, SparkapplyError
+from sparkapply.pgoutput import messages as m
+
+
+class NeedsRowFold(Exception):
+    """The batch has what only the row-wise fold handles (unchanged TOAST values, or a
+    key made of other columns in another relation version)."""
+
+
+@dataclass(slots=True)
+class NetEffect:
+    """What a batch does to a keyed table (typed, in the table's schema)."""
+
+    upserts: pa.Table  # the rows to write: final versions
+    remove_keys: list[pa.Array]  # key columns of pre-batch rows to delete, if live
+    truncated: bool = False
+    n_inserts: int = 0
+    n_updates: int = 0
+    n_deletes: int = 0
+    last_commit_lsn: int = 0
+
+    @property
+    def n_changes(self) -> int:
+        return self.n_inserts + self.n_updates + self.n_deletes
+
+
+@dataclass(slots=True)
+class _Part:
+    """One decoded run, converted: its rows' typed keys and (lazily) its new rows."""
+
+    run: ChangeRun
+    layout: Layout
+    base: int  # event number of its first record
+
+
+@dataclass(slots=True)
+class _Fold:
+    schema: pa.Schema
+    key_names: tuple[str, ...]
+    parts: list[_Part] = field(default_factory=list)
+    seq: int = 0
+    truncated: bool = False
+    counts: dict[int, int] = field(default_factory=lambda: {OP_I: 0, OP_U: 0, OP_D: 0})
+
+
+def fold_keyed(
+    relation_ids: frozenset[int],
+    txns: Sequence[TxnInput],
+    *,
+    schema: pa.Schema,
+    key_names: tuple[str, ...],
+    proto_version: int = 4,
+    streaming: str = "parallel",
+    table: str = "?",
+) -> NetEffect:
+    """Fold the table's changes of ``txns`` (commit order). Raises
+    :class:`NeedsRowFold` when only the row-wise fold can do it."""
+    if any(pa.types.is_nested(schema.field(k).type) for k in key_names):
+        raise NeedsRowFold("a key column is an array")
+    st = _Fold(schema, key_names)
+    last_lsn = 0
+    for txn in txns:
+        try:
+            _txn(st, relation_ids, txn, proto_version, streaming)
+        except SparkapplyError as exc:
+            raise exc.with_context(xid=txn.xid, lsn=txn.commit_lsn, table=table) from None
+        last_lsn = max(last_lsn, txn.commit_lsn)
+    effect = _net(st)
+    effect.last_commit_lsn = last_lsn
+    return effect
+
+
+def _txn(
+    st: _Fold, relation_ids: frozenset[int], txn: TxnInput, proto_version: int, streaming: str
+) -> None:
+    layouts = {r.relation_id: Layout.of(r) for r in txn.relations}
+    decoders = stream_decoders(proto_version, streaming)
+    for seg in txn.segments:
+        for chunk in read_chunks(seg):
+            ix = ChunkIndex.of(chunk)
+            for i, rows in ix.runs(relation_ids):
+                if rows is None:
+                    msg = decoders[bool(ix.in_stream[i])].decode(ix.payload(i))
+                    if isinstance(msg, m.Relation):
+                        layouts[msg.relation_id] = Layout.of(msg)
+                    elif isinstance(msg, m.Truncate) and relation_ids.intersection(
+                        msg.relation_ids
+                    ):
+                        st.parts.clear()
+                        st.truncated = True
+                    continue
+                for rid in np.unique(ix.relids[rows]).tolist():
+                    sel = rows[ix.relids[rows] == rid]
+                    layout = layouts.get(rid)
+                    if layout is None:
+                        raise ApplyError(
+                            f"change for relation id {rid} before its RELATION message"
+                        )
+                    if tuple(layout.names[i] for i in layout.key_idx) != st.key_names:
+                        raise NeedsRowFold("the key columns differ between relation versions")
+                    run = decode_changes(
+                        ix.b, ix.starts[sel], ix.ends[sel], ix.in_stream[sel], rid, layout.names
+                    )
+                    if run.new.has_unchanged():
+                        raise NeedsRowFold("unchanged TOAST values")
+                    for op in st.counts:
+                        st.counts[op] += int(np.count_nonzero(run.ops == op))
+                    st.parts.append(_Part(run, layout, st.seq))
+                    st.seq += len(sel)
+
+
+def _typed_keys(part: _Part, schema: pa.Schema, old: bool) -> list[pa.Array]:
+    tuples = part.run.old if old else part.run.new
+    layout = part.layout
+    cols = convert_columns(
+        layout, {layout.names[i]: tuples.values[i] for i in layout.key_idx}, schema
+    )
+    return [cols[layout.names[i]] for i in layout.key_idx]
+
+
+def _net(st: _Fold) -> NetEffect:
+    effect = NetEffect(
+        st.schema.empty_table(),
+        [],
+        truncated=st.truncated,
+        n_inserts=st.counts[OP_I],
+        n_updates=st.counts[OP_U],
+        n_deletes=st.counts[OP_D],
+    )
+    if not st.parts:
+        return effect
+    # Events: (key columns..., number, put?, first-is-insert?, part, row)
+    key_cols: list[list[pa.Array]] = [[] for _ in st.key_names]
+    numbers, puts, inserts, part_ix, row_ix = [], [], [], [], []
+    for p_i, part in enumerate(st.parts):
+        run = part.run
+        n = len(run.ops)
+        ops = run.ops
+        seq = (part.base + np.arange(n, dtype=np.int64)) * 2
+        new_keys = _typed_keys(part, st.schema, old=False)
+        old_keys = _typed_keys(part, st.schema, old=True) if run.has_old.any() else None
+        put_rows = np.flatnonzero(ops != OP_D)
+        # A remove event for every DELETE and every UPDATE whose old key differs.
+        if old_keys is not None:
+            moved = run.has_old & (ops == OP_U)
+            if moved.any():
+                differs = np.zeros(n, bool)
+                for new_c, old_c in zip(new_keys, old_keys, strict=True):
+                    ne = pc.fill_null(pc.not_equal(new_c, old_c), False)
+                    differs |= ne.to_numpy(zero_copy_only=False)
+                moved &= differs
+            rm_rows = np.flatnonzero((ops == OP_D) | moved)
+        else:
+            rm_rows = np.zeros(0, np.int64)
+        for rows, keys, put in ((rm_rows, old_keys, False), (put_rows, new_keys, True)):
+            if len(rows) == 0 or keys is None:
+                continue
+            idx = pa.array(rows)
+            for c, k in zip(key_cols, keys, strict=True):
+                c.append(k.take(idx))
+            numbers.append(seq[rows] + (1 if put else 0))
+            puts.append(np.full(len(rows), put))
+            inserts.append(ops[rows] == OP_I if put else np.zeros(len(rows), bool))
+            part_ix.append(np.full(len(rows), p_i, np.int32))
+            row_ix.append(rows)
+    if not numbers:
+        return effect
+    names = [f"k{i}" for i in range(len(st.key_names))]
+    events = pa.table(
+        {
+            **{name: pa.concat_arrays(c) for name, c in zip(names, key_cols, strict=True)},
+            "n": np.concatenate(numbers),
+        }
+    )
+    order = pc.sort_indices(events, [*((nm, "ascending") for nm in names), ("n", "ascending")])
+    order_np = order.to_numpy()
+    total = len(order_np)
+    boundary = np.zeros(max(total - 1, 0), bool)
+    for nm in names:
+        col = events.column(nm).take(order)
+        if total > 1:
+            ne = pc.not_equal(col.slice(1), col.slice(0, total - 1))
+            boundary |= pc.fill_null(ne, True).to_numpy(zero_copy_only=False)
+    last = np.append(boundary, True)
+    first = np.insert(boundary, 0, True)
+
+    put_all = np.concatenate(puts)[order_np]
+    ins_all = np.concatenate(inserts)[order_np]
+    part_all = np.concatenate(part_ix)[order_np]
+    row_all = np.concatenate(row_ix)[order_np]
+
+    # Rows to write: the last event of a key, when it is a put.
+    keep = last & put_all
+    pieces = []
+    for p_i, part in enumerate(st.parts):
+        rows = np.sort(row_all[keep & (part_all == p_i)])
+        if len(rows) == 0:
+            continue
+        idx = pa.array(rows)
+        layout = part.layout
+        raw = {name: part.run.new.values[i].take(idx) for i, name in enumerate(layout.names)}
+        cols = convert_columns(layout, raw, st.schema)
+        pieces.append(fit_table(cols, len(rows), st.schema))
+    if pieces:
+        effect.upserts = pa.concat_tables(pieces)
+    # Keys that may name a live pre-batch row: first event not an INSERT's put.
+    if not st.truncated:
+        lookup = first & ~ins_all
+        if lookup.any():
+            take = order.filter(pa.array(lookup))
+            effect.remove_keys = [events.column(nm).take(take) for nm in names]
+    return effect

@@ -1,0 +1,167 @@
+"""Locate the live rows a batch replaces: (data file, position) of each. Executor side.
+
+Merge-on-read deletes a row by naming its position in its data file, so the apply must
+find, for every key the batch removes, where the key's live row is. A task reads only
+the key columns of the data files that can hold one of the keys (a file whose key
+bounds, from the manifests, miss every key is skipped) and drops the positions that
+the table's live position-delete files already delete (an older version of the same
+key may still sit in an older file, deleted). What it returns is small: positions.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkapply.apply.keys import canonical_keys
+from sparkapply.apply.writer import read_parquet
+from sparkapply.sink.files import DataFileInfo
+from sparkapply.sink.rowdelta import DeleteFileInfo
+
+Prune = Callable[[DataFileInfo], bool]
+
+
+def _all(_: DataFileInfo) -> bool:
+    return True
+
+
+def key_pruner(keys: Sequence[pa.Array]) -> Prune:
+    """Whether a file's key bounds may hold one of ``keys`` (single integer or
+    string key columns; anything else is never pruned)."""
+    if len(keys) != 1 or len(keys[0]) == 0:
+        return _all
+    col = keys[0]
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    t = col.type
+    if pa.types.is_integer(t):
+        ints = np.sort(col.to_numpy(zero_copy_only=False).astype(np.int64))
+
+        def prune_int(f: DataFileInfo) -> bool:
+            if not isinstance(f.key_lower, int) or not isinstance(f.key_upper, int):
+                return True
+            i = int(np.searchsorted(ints, f.key_lower, "left"))
+            return i < len(ints) and int(ints[i]) <= f.key_upper
+
+        return prune_int
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        strs = sorted(col.to_pylist())
+
+        def prune_str(f: DataFileInfo) -> bool:
+            if not isinstance(f.key_lower, str) or not isinstance(f.key_upper, str):
+                return True
+            i = bisect.bisect_left(strs, f.key_lower)
+            return i < len(strs) and strs[i] <= f.key_upper
+
+        return prune_str
+    return _all
+
+
+@dataclass(slots=True)
+class LiveRows:
+    """The requested columns of one data file, and which of its rows are live."""
+
+    file: DataFileInfo
+    table: pa.Table
+    live: np.ndarray  # bool per row
+
+
+class DeletedPositions:
+    """Positions already deleted, per data file, read lazily from the delete files."""
+
+    def __init__(self, delete_files: Sequence[DeleteFileInfo], wanted: Sequence[str]) -> None:
+        self._files = list(delete_files)
+        self._wanted = sorted(set(wanted))
+        self._by_path: dict[str, list[np.ndarray]] | None = None
+
+    def _load(self) -> dict[str, list[np.ndarray]]:
+        by_path: dict[str, list[np.ndarray]] = {}
+        wanted = self._wanted
+        if not wanted:
+            return by_path
+        value_set = pa.array(wanted, pa.string())
+        for d in self._files:
+            i = bisect.bisect_left(wanted, d.lower_path)
+            if i >= len(wanted) or wanted[i] > d.upper_path:
+                continue  # names no file this task reads
+            t = read_parquet(d.path, ["file_path", "pos"])
+            t = t.filter(pc.is_in(t.column("file_path"), value_set=value_set))
+            if t.num_rows == 0:
+                continue
+            paths = t.column("file_path").to_numpy(zero_copy_only=False)
+            pos = t.column("pos").to_numpy(zero_copy_only=False)
+            for p in np.unique(paths).tolist():
+                by_path.setdefault(p, []).append(pos[paths == p])
+        return by_path
+
+    def of(self, path: str) -> np.ndarray:
+        if self._by_path is None:
+            self._by_path = self._load()
+        parts = self._by_path.get(path)
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def live_rows(
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    columns: Sequence[str],
+    prune: Prune = _all,
+) -> Iterator[LiveRows]:
+    """Each candidate data file's ``columns`` and live-row mask."""
+    candidates = [f for f in data_files if prune(f)]
+    deleted = DeletedPositions(delete_files, [f.path for f in candidates])
+    for f in candidates:
+        t = read_parquet(f.path, columns)
+        live = np.ones(t.num_rows, bool)
+        gone = deleted.of(f.path)
+        if len(gone):
+            live[gone[gone < t.num_rows]] = False
+        yield LiveRows(f, t, live)
+
+
+def key_matcher(
+    keys: Sequence[pa.Array], key_names: Sequence[str]
+) -> Callable[[pa.Table], pa.Array]:
+    """A function: a file's key columns → which rows hold one of ``keys``."""
+    if len(keys) == 1 and not pa.types.is_nested(keys[0].type):
+        value_set = keys[0]
+        if isinstance(value_set, pa.ChunkedArray):
+            value_set = value_set.combine_chunks()
+        name = key_names[0]
+
+        def match_one(t: pa.Table) -> pa.Array:
+            col = t.column(name)
+            if col.type != value_set.type:  # an older file written before a widening
+                col = col.cast(value_set.type)
+            return pc.is_in(col, value_set=value_set)
+
+        return match_one
+    canon = canonical_keys(keys)
+
+    def match_many(t: pa.Table) -> pa.Array:
+        return pc.is_in(canonical_keys([t.column(n) for n in key_names]), value_set=canon)
+
+    return match_many
+
+
+def locate_keys(
+    keys: Sequence[pa.Array],
+    key_names: Sequence[str],
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+) -> dict[str, np.ndarray]:
+    """Positions of the live rows holding one of ``keys``, per data file."""
+    if not keys or len(keys[0]) == 0:
+        return {}
+    match = key_matcher(keys, key_names)
+    found: dict[str, np.ndarray] = {}
+    for rows in live_rows(data_files, delete_files, key_names, key_pruner(keys)):
+        hit = pc.fill_null(match(rows.table), False).to_numpy(zero_copy_only=False) & rows.live
+        if hit.any():
+            found[rows.file.path] = np.flatnonzero(hit)
+    return found

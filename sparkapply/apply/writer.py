@@ -1,0 +1,106 @@
+"""Files an apply task writes: Parquet data files and position-delete files. Executor side.
+
+Names are UUIDs, unique forever: a name reused after a failed commit could collide with
+a file a reader still needs. Only descriptions cross back to the driver, which commits
+them; a file written here and never committed is an orphan the driver removes.
+
+Position-delete files follow the Iceberg spec: columns ``file_path`` (string) and
+``pos`` (long) with the reserved field ids, both required, sorted by path then
+position, so readers that merge them with a data file's rows can stream them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from sparkapply.sink.rowdelta import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
+
+POSITION_DELETE_SCHEMA = pa.schema(
+    [
+        pa.field(
+            "file_path",
+            pa.string(),
+            nullable=False,
+            metadata={b"PARQUET:field_id": str(FILE_PATH_FIELD_ID).encode()},
+        ),
+        pa.field(
+            "pos",
+            pa.int64(),
+            nullable=False,
+            metadata={b"PARQUET:field_id": str(POS_FIELD_ID).encode()},
+        ),
+    ]
+)
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system and path of a location (a URI or a local path)."""
+    if "://" not in location:
+        return pafs.LocalFileSystem(), location
+    fs, path = pafs.FileSystem.from_uri(location)
+    return fs, path
+
+
+def _uri(location: str, path: str) -> str:
+    if location.startswith("file:"):
+        return "file://" + path if not path.startswith("file:") else path
+    if "://" in location:
+        return location.split("://", 1)[0] + "://" + path
+    return path
+
+
+def read_parquet(file_uri: str, columns: Sequence[str] | None = None) -> pa.Table:
+    fs, path = filesystem(file_uri)
+    return pq.read_table(path, filesystem=fs, columns=list(columns) if columns else None)
+
+
+class TableWriter:
+    """Writes one table's files under ``data_dir`` (a URI or local path)."""
+
+    def __init__(self, data_dir: str, schema: pa.Schema) -> None:
+        self.data_dir = data_dir.rstrip("/")
+        self.schema = schema
+        self.fs, self.dir_path = filesystem(self.data_dir)
+        self.fs.create_dir(self.dir_path, recursive=True)
+
+    def _new_path(self, suffix: str) -> str:
+        return f"{self.dir_path}/sparkapply-{uuid.uuid4().hex}{suffix}.parquet"
+
+    def write(self, table: pa.Table) -> str:
+        """A data file with ``table`` (cast to the table schema); its URI."""
+        path = self._new_path("")
+        pq.write_table(table.cast(self.schema), path, filesystem=self.fs)
+        return _uri(self.data_dir, path)
+
+    def write_deletes(self, positions: Mapping[str, np.ndarray]) -> DeleteFileInfo | None:
+        """One position-delete file naming ``positions`` (data file URI → row numbers)."""
+        paths = sorted(p for p, pos in positions.items() if len(pos))
+        if not paths:
+            return None
+        pos_arrays = [np.sort(np.asarray(positions[p], np.int64)) for p in paths]
+        counts = [len(a) for a in pos_arrays]
+        table = pa.Table.from_arrays(
+            [
+                pa.array(np.repeat(np.array(paths, dtype=object), counts), pa.string()),
+                pa.array(np.concatenate(pos_arrays), pa.int64()),
+            ],
+            schema=POSITION_DELETE_SCHEMA,
+        )
+        path = self._new_path("-deletes")
+        pq.write_table(table, path, filesystem=self.fs)
+        size = self.fs.get_file_info(path).size
+        return DeleteFileInfo(
+            path=_uri(self.data_dir, path),
+            record_count=table.num_rows,
+            file_size_in_bytes=int(size or 0),
+            lower_path=paths[0],
+            upper_path=paths[-1],
+            lower_pos=int(min(int(a[0]) for a in pos_arrays)),
+            upper_pos=int(max(int(a[-1]) for a in pos_arrays)),
+        )

@@ -1,0 +1,228 @@
+"""The vectorised keyed fold and the row-wise fold give the same table, and both equal a
+plain model of the changes, on seeded random batches (inserts, updates, key changes,
+deletes, TRUNCATE, a column added mid-batch) applied on top of a pre-batch data file
+with merge-on-read deletes."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkapply.apply.effect import apply_delta, write_effect
+from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.keyfold import NeedsRowFold, fold_keyed
+from sparkapply.apply.writer import TableWriter
+from sparkapply.changes.spool import SpoolWriter
+from sparkapply.pgoutput import encode
+from sparkapply.pgoutput import messages as m
+from sparkapply.sink.files import DataFileInfo
+
+COLS = (
+    m.RelationColumn(1, "id", 20, -1),
+    m.RelationColumn(0, "name", 25, -1),
+    m.RelationColumn(0, "qty", 23, -1),
+)
+V1 = m.Relation(None, 7, "public", "t", "d", COLS)
+V2 = m.Relation(None, 7, "public", "t", "d", (*COLS, m.RelationColumn(0, "extra", 23, -1)))
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("name", pa.large_string()),
+        pa.field("qty", pa.int32()),
+        pa.field("extra", pa.int32()),
+    ]
+)
+Row = dict[str, object]
+
+
+def tup(row: Row, width: int) -> m.TupleData:
+    vals: list[bytes | None] = []
+    for name in ("id", "name", "qty", "extra")[:width]:
+        v = row.get(name)
+        vals.append(None if v is None else str(v).encode())
+    return m.TupleData(b"".join(b"n" if v is None else b"t" for v in vals), tuple(vals))
+
+
+def key_tup(key: int, width: int) -> m.TupleData:
+    return m.TupleData(b"t" + b"n" * (width - 1), (str(key).encode(), *([None] * (width - 1))))
+
+
+def workload(
+    seed: int, tmp_path: Path, prebatch: dict[int, Row]
+) -> tuple[list[TxnInput], dict[int, Row], bool]:
+    """Random transactions over the table; returns them, the expected final rows and
+    whether a TRUNCATE happened."""
+    rnd = random.Random(seed)
+    state = {k: dict(v) for k, v in prebatch.items()}
+    w = SpoolWriter(tmp_path / f"s{seed}.spool")
+    txns: list[TxnInput] = []
+    width = 3
+    truncated = False
+    next_key = 1000
+    for t in range(rnd.randint(3, 8)):
+        start = w.offset
+        rels = (V2 if width == 4 else V1,)
+        for _ in range(rnd.randint(1, 40)):
+            op = rnd.random()
+            if op < 0.02 and t > 0:
+                w.append(encode(m.Truncate(None, 0, (7,))), False)
+                state.clear()
+                truncated = True
+            elif op < 0.04 and width == 3:
+                width = 4
+                w.append(encode(V2), False)
+            elif op < 0.3 or not state:
+                next_key += rnd.randint(1, 3)
+                row: Row = {"id": next_key, "name": f"n{next_key} ü", "qty": rnd.randint(0, 9)}
+                if width == 4:
+                    row["extra"] = rnd.choice([None, rnd.randint(-5, 5)])
+                state[next_key] = row
+                w.append(encode(m.Insert(None, 7, tup(row, width))), False)
+            elif op < 0.6:
+                key = rnd.choice(sorted(state))
+                row = {**state[key], "qty": rnd.randint(10, 99), "name": rnd.choice([None, "x"])}
+                if width == 4:
+                    row["extra"] = rnd.randint(0, 3)
+                else:
+                    row.pop("extra", None)
+                state[key] = row
+                w.append(encode(m.Update(None, 7, None, None, tup(row, width))), False)
+            elif op < 0.75:
+                old = rnd.choice(sorted(state))
+                new = rnd.choice([k for k in range(1, 2000) if k not in state])
+                row = {**state.pop(old), "id": new}
+                if width == 3:
+                    row.pop("extra", None)
+                state[new] = row
+                w.append(
+                    encode(m.Update(None, 7, "K", key_tup(old, width), tup(row, width))), False
+                )
+            else:
+                key = rnd.choice(sorted(state))
+                del state[key]
+                w.append(encode(m.Delete(None, 7, "K", key_tup(key, width))), False)
+        w.flush()
+        txns.append(TxnInput(t, 100 + t, 1000 + t, (w.segment(start),), rels))
+    return txns, state, truncated
+
+
+def prebatch_file(tmp_path: Path, rows: dict[int, Row]) -> tuple[str, np.ndarray]:
+    """A pre-batch data file holding stale versions (already deleted) and live rows."""
+    ordered = []
+    for k in sorted(rows):
+        ordered.append({**rows[k], "qty": -1})  # a stale version, deleted below
+        ordered.append(rows[k])
+    table = pa.Table.from_pylist([{**r, "extra": r.get("extra")} for r in ordered], SCHEMA)
+    path = str(tmp_path / "pre.parquet")
+    pq.write_table(table, path)
+    return path, np.arange(0, len(ordered), 2)
+
+
+def result_rows(
+    tmp_path: Path, pre_path: str, pre_deleted: np.ndarray, added: list[str], deletes: list[str]
+) -> dict[int, Row]:
+    gone = set(pre_deleted.tolist())
+    for d in deletes:
+        t = pq.read_table(d.removeprefix("file://"))
+        assert t.schema.field("file_path").metadata[b"PARQUET:field_id"] == b"2147483546"
+        assert t.column("pos").to_pylist() == sorted(t.column("pos").to_pylist())
+        assert set(t.column("file_path").to_pylist()) <= {pre_path}
+        gone |= set(t.column("pos").to_pylist())
+    pre = pq.read_table(pre_path).to_pylist()
+    rows = [r for i, r in enumerate(pre) if i not in gone]
+    for a in added:
+        rows += pq.read_table(a.removeprefix("file://")).to_pylist()
+    out: dict[int, Row] = {}
+    for r in rows:
+        assert r["id"] not in out, f"key {r['id']} is live twice"
+        out[r["id"]] = r  # type: ignore[index]
+    return out
+
+
+def expected_rows(state: dict[int, Row]) -> dict[int, Row]:
+    return {
+        k: {"id": k, "name": v.get("name"), "qty": v.get("qty"), "extra": v.get("extra")}
+        for k, v in state.items()
+    }
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vectorised_and_row_wise_folds_agree_with_the_model(seed: int, tmp_path: Path) -> None:
+    rnd = random.Random(seed * 7919)
+    prebatch: dict[int, Row] = {
+        k: {"id": k, "name": f"pre {k}", "qty": k % 7}
+        for k in sorted(rnd.sample(range(1, 300), 60))
+    }
+    txns, state, truncated = workload(seed, tmp_path, prebatch)
+    pre_path, pre_deleted = prebatch_file(tmp_path, prebatch)
+    from sparkapply.sink.rowdelta import DeleteFileInfo
+
+    # The pre-batch file's stale rows are deleted by an existing delete file.
+    setup = TableWriter(str(tmp_path / "setup"), SCHEMA)
+    old_deletes = setup.write_deletes({pre_path: pre_deleted})
+    assert old_deletes is not None
+    delete_files: tuple[DeleteFileInfo, ...] = (old_deletes,)
+    files = (DataFileInfo(pre_path, 2 * len(prebatch), 0, min(prebatch), max(prebatch)),)
+
+    effect = fold_keyed(frozenset({7}), txns, schema=SCHEMA, key_names=("id",))
+    fast = write_effect(
+        effect,
+        key_names=("id",),
+        data_files=files,
+        delete_files=delete_files,
+        writer=TableWriter(str(tmp_path / "fast"), SCHEMA),
+    )
+    delta = fold_table(frozenset({7}), True, txns)
+    slow = apply_delta(
+        delta,
+        schema=SCHEMA,
+        key_names=("id",),
+        data_files=files,
+        delete_files=delete_files,
+        writer=TableWriter(str(tmp_path / "slow"), SCHEMA),
+    )
+    assert effect.truncated == delta.truncated == truncated
+    assert effect.n_changes == delta.n_changes
+    want = expected_rows(state)
+    if truncated:
+        pre_deleted = np.arange(2 * len(prebatch))
+    fast_deletes = [d.path for d in fast.deletes]
+    slow_deletes = [d.path for d in slow.deletes]
+    got_fast = result_rows(tmp_path, pre_path, pre_deleted, fast.added, fast_deletes)
+    got_slow = result_rows(tmp_path, pre_path, pre_deleted, slow.added, slow_deletes)
+    assert got_fast == want
+    assert got_slow == want
+    # Merge-on-read: nothing of the pre-batch file is rewritten.
+    assert fast.rows_written == len(effect.upserts)
+
+
+def test_unchanged_toast_needs_the_row_wise_fold(tmp_path: Path) -> None:
+    w = SpoolWriter(tmp_path / "s.spool")
+    w.append(encode(m.Update(None, 7, None, None, m.TupleData(b"tut", (b"1", None, b"5")))), False)
+    w.flush()
+    txn = TxnInput(0, 10, 100, (w.segment(0),), (V1,))
+    with pytest.raises(NeedsRowFold):
+        fold_keyed(frozenset({7}), [txn], schema=SCHEMA, key_names=("id",))
+
+
+def test_pruned_files_are_not_read(tmp_path: Path) -> None:
+    """A file whose key bounds miss every removed key is skipped (it does not even exist)."""
+    w = SpoolWriter(tmp_path / "s.spool")
+    w.append(encode(m.Delete(None, 7, "K", key_tup(5, 3))), False)
+    w.flush()
+    txn = TxnInput(0, 10, 100, (w.segment(0),), (V1,))
+    effect = fold_keyed(frozenset({7}), [txn], schema=SCHEMA, key_names=("id",))
+    missing = DataFileInfo(str(tmp_path / "nope.parquet"), 10, 0, 100, 200)
+    out = write_effect(
+        effect,
+        key_names=("id",),
+        data_files=(missing,),
+        delete_files=(),
+        writer=TableWriter(str(tmp_path / "o"), SCHEMA),
+    )
+    assert out.deletes == [] and out.added == []
