@@ -30,13 +30,13 @@ _N, _K, _O = ord("N"), ord("K"), ord("O")
 KIND_TEXT, KIND_NULL, KIND_UNCHANGED = ord("t"), ord("n"), ord("u")
 
 
+_FOUR = np.arange(4, dtype=np.int64)
+
+
 def be32(b: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    out: np.ndarray = (
-        (b[pos].astype(np.int64) << 24)
-        | (b[pos + 1].astype(np.int64) << 16)
-        | (b[pos + 2].astype(np.int64) << 8)
-        | b[pos + 3].astype(np.int64)
-    )
+    """Big-endian uint32 at each of ``pos`` (one gather of 4-byte rows)."""
+    rows = b[pos[:, None] + _FOUR]  # (n, 4), C-contiguous
+    out: np.ndarray = rows.view(">u4").reshape(-1).astype(np.int64)
     return out
 
 
@@ -87,7 +87,8 @@ def decode_tuples(
         offsets = np.zeros(len(ln) + 1, np.int64)
         np.cumsum(ln, out=offsets[1:])
         total = int(offsets[-1])
-        idx = np.arange(total, dtype=np.int64) + np.repeat(vstart - offsets[:-1], ln)
+        idx = np.repeat(vstart - offsets[:-1], ln)
+        idx += np.arange(total, dtype=np.int64)
         validity = None if bool(isval.all()) else pa.array(isval).buffers()[1]
         values.append(
             pa.Array.from_buffers(

@@ -91,6 +91,41 @@ class TxnInput:
     commit_lsn: int
     segments: tuple[SpoolSegment, ...]
     relations: tuple[m.Relation, ...]  # cache entries as of its start
+    members: int = 1  # transactions read as one (see coalesced)
+
+
+def coalesced(txns: Sequence[TxnInput]) -> list[TxnInput]:
+    """Runs of ordinary transactions read as one: small transactions received one
+    after another sit back to back in one spool file, and reading them in one pass
+    costs one file read and one set of vector operations instead of one per
+    transaction (20,000 single-row updates). Joined only when the next starts where
+    the previous ends and starts with the same relation cache, so the RELATION
+    messages in the spool, replayed in place, give every change its layout. The
+    joined input carries the first xid: a caller that reports an error re-reads
+    uncoalesced to name the exact transaction."""
+    out: list[TxnInput] = []
+    for t in txns:
+        prev = out[-1] if out else None
+        if (
+            prev is not None
+            and len(prev.segments) == 1
+            and len(t.segments) == 1
+            and prev.segments[0].path == t.segments[0].path
+            and prev.segments[0].end == t.segments[0].start
+            and prev.relations == t.relations
+        ):
+            seg = SpoolSegment(prev.segments[0].path, prev.segments[0].start, t.segments[0].end)
+            out[-1] = TxnInput(
+                prev.ordinal,
+                prev.xid,
+                max(prev.commit_lsn, t.commit_lsn),
+                (seg,),
+                prev.relations,
+                prev.members + t.members,
+            )
+        else:
+            out.append(t)
+    return out
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from sparkapply.apply.columns import convert_columns, fit_table
 from sparkapply.apply.decode import OP_I, ChunkIndex, decode_changes, stream_decoders
 from sparkapply.apply.effect import ROWS_PER_FILE, WriteResult
-from sparkapply.apply.fold import Layout, TxnInput
+from sparkapply.apply.fold import Layout, TxnInput, coalesced
 from sparkapply.apply.writer import TableWriter
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, SparkapplyError
@@ -57,6 +57,24 @@ def append_inserts(
     streaming: str = "parallel",
 ) -> tuple[WriteResult, int]:
     """Write every insert of ``txns`` for the table; (files, number of changes)."""
+    groups = coalesced(txns)
+    try:
+        return _append(relation_ids, groups, schema, writer, proto_version, streaming)
+    except SparkapplyError:
+        if len(groups) == len(txns):
+            raise
+    # Name the exact transaction (the files written so far are orphans the driver removes).
+    return _append(relation_ids, txns, schema, writer, proto_version, streaming)
+
+
+def _append(
+    relation_ids: frozenset[int],
+    txns: Sequence[TxnInput],
+    schema: pa.Schema,
+    writer: TableWriter,
+    proto_version: int,
+    streaming: str,
+) -> tuple[WriteResult, int]:
     out = _Appender(schema, writer)
     changes = 0
     for txn in txns:

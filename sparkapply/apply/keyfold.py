@@ -41,7 +41,7 @@ from sparkapply.apply.decode import (
     decode_changes,
     stream_decoders,
 )
-from sparkapply.apply.fold import Layout, TxnInput
+from sparkapply.apply.fold import Layout, TxnInput, coalesced
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
@@ -97,21 +97,32 @@ def fold_keyed(
     proto_version: int = 4,
     streaming: str = "parallel",
     table: str = "?",
+    coalesce: bool = True,
 ) -> NetEffect:
     """Fold the table's changes of ``txns`` (commit order). Raises
     :class:`NeedsRowFold` when only the row-wise fold can do it."""
     if any(pa.types.is_nested(schema.field(k).type) for k in key_names):
         raise NeedsRowFold("a key column is an array")
+    groups = coalesced(txns) if coalesce else list(txns)
     st = _Fold(schema, key_names)
-    last_lsn = 0
-    for txn in txns:
+    for group in groups:
         try:
-            _txn(st, relation_ids, txn, proto_version, streaming)
+            _txn(st, relation_ids, group, proto_version, streaming)
         except SparkapplyError as exc:
-            raise exc.with_context(xid=txn.xid, lsn=txn.commit_lsn, table=table) from None
-        last_lsn = max(last_lsn, txn.commit_lsn)
+            if group.members > 1:  # name the exact transaction
+                return fold_keyed(
+                    relation_ids,
+                    txns,
+                    coalesce=False,
+                    schema=schema,
+                    key_names=key_names,
+                    proto_version=proto_version,
+                    streaming=streaming,
+                    table=table,
+                )
+            raise exc.with_context(xid=group.xid, lsn=group.commit_lsn, table=table) from None
     effect = _net(st)
-    effect.last_commit_lsn = last_lsn
+    effect.last_commit_lsn = max(t.commit_lsn for t in txns) if txns else 0
     return effect
 
 

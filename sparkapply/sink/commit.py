@@ -2,14 +2,18 @@
 
 THE COMMIT
 
-Executors have written new Parquet files under the table's data directory and tell
-the driver which files they added and which existing files they rewrote (the
-copy-on-write of files whose rows changed). :func:`commit_files` makes exactly one
-snapshot of the table from that: the added files appended, the rewritten files (or,
-for TRUNCATE, all live files) removed. Its summary carries ``sparkapply.lsn``, the
-commit LSN of the last source transaction it contains, and the same metadata commit
-sets the table property ``sparkapply.applied-lsn`` (see ``progress.py``). The
-snapshot is an ``overwrite`` when anything is removed, an ``append`` otherwise.
+Executors have written new Parquet files under the table's data directory: data files
+with new row versions and, for rows the batch replaced or deleted, position-delete
+files naming (data file, row position) (merge-on-read; see ``rowdelta.py``).
+:func:`commit_files` makes exactly one snapshot of the table from that: the added data
+files and delete files, or, for TRUNCATE, every live file removed and the new rows
+added. Its summary carries ``sparkapply.lsn``, the commit LSN of the last source
+transaction it contains, and the same metadata commit sets the table property
+``sparkapply.applied-lsn`` (see ``progress.py``). Pure appends go through pyiceberg's
+own append (which rebases on a concurrent commit); anything with deletes goes through
+the row-delta producer, which commits only on the snapshot the executors planned
+against. ``removed`` (dropping whole data files, as a compaction does) goes through
+pyiceberg's overwrite.
 
 A batch whose changes to a table cancelled out (insert then delete of the same key)
 still commits: an ``append`` snapshot with no files that records the LSN. It costs a

@@ -46,7 +46,7 @@ NAME_MAPPING_PROPERTY = TableProperties.DEFAULT_NAME_MAPPING  # "schema.name-map
 
 # Properties every table sparkapply creates gets, unless the caller overrides them.
 DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
-    # v2: row-level semantics other engines expect; v3 is not needed for copy-on-write.
+    # v2: position deletes (merge-on-read), which every v2 reader applies.
     TableProperties.FORMAT_VERSION: "2",
     # One commit per table per batch means one metadata.json per batch; each holds
     # the whole snapshot list, so keeping all of them grows quadratically.

@@ -226,3 +226,24 @@ def test_pruned_files_are_not_read(tmp_path: Path) -> None:
         writer=TableWriter(str(tmp_path / "o"), SCHEMA),
     )
     assert out.deletes == [] and out.added == []
+
+
+def test_an_error_in_coalesced_transactions_names_the_exact_one(tmp_path: Path) -> None:
+    """Back-to-back transactions are read as one; an error still names its own xid."""
+    from sparkapply.apply.fold import coalesced
+    from sparkapply.errors import SparkapplyError
+
+    w = SpoolWriter(tmp_path / "s.spool")
+    txns = []
+    for t in range(3):
+        start = w.offset
+        row = {"id": t, "name": "x", "qty": 1}
+        good = encode(m.Insert(None, 7, tup(row, 3)))
+        w.append(encode(m.Update(None, 7, None, None, tup(row, 3))) if t != 1 else good[:-2], False)
+        w.flush()
+        txns.append(TxnInput(t, 500 + t, 9000 + t, (w.segment(start),), (V1,)))
+    assert len(coalesced(txns)) == 1 and coalesced(txns)[0].members == 3
+    with pytest.raises(SparkapplyError) as info:
+        fold_keyed(frozenset({7}), txns, schema=SCHEMA, key_names=("id",))
+    assert info.value.context["xid"] == 501
+    assert info.value.context["lsn"] == 9001
