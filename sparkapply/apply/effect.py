@@ -28,7 +28,7 @@ from sparkapply.apply.columns import convert_column
 from sparkapply.apply.fold import Key, Layout, Row, TableDelta, _Unchanged
 from sparkapply.apply.keyfold import NetEffect
 from sparkapply.apply.keys import canonical_keys
-from sparkapply.apply.locate import live_rows, locate_keys
+from sparkapply.apply.locate import key_matcher, key_pruner, live_rows, locate_keys
 from sparkapply.apply.writer import TableWriter
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
@@ -74,11 +74,59 @@ def write_effect(
 ) -> WriteResult:
     """Files for the vectorised fold's net effect."""
     result = WriteResult()
+    upserts = effect.upserts
+    if effect.fills:
+        upserts = _fill_from_table(effect, key_names, data_files, delete_files)
     if not effect.truncated and effect.remove_keys:
         positions = locate_keys(effect.remove_keys, key_names, data_files, delete_files)
         _write_positions(positions, writer, result)
-    write_rows(effect.upserts, writer, result)
+    write_rows(upserts, writer, result)
     return result
+
+
+def _fill_from_table(
+    effect: NetEffect,
+    key_names: Sequence[str],
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+) -> pa.Table:
+    """Unchanged TOAST values with no earlier version in the batch: the column of the
+    key's live pre-batch row (null when there is none: the row was never copied)."""
+    upserts = effect.upserts
+    need = np.zeros(upserts.num_rows, bool)
+    for mask in effect.fills.values():
+        need |= mask
+    rows = np.flatnonzero(need)
+    keys = [upserts.column(k).take(pa.array(rows)).combine_chunks() for k in key_names]
+    columns = [c for c in effect.fills if c in upserts.column_names]
+    match = key_matcher(keys, key_names)
+    found = []
+    for live in live_rows(data_files, delete_files, [*key_names, *columns], key_pruner(keys)):
+        hit = pc.fill_null(match(live.table), False).to_numpy(zero_copy_only=False) & live.live
+        if hit.any():
+            found.append(live.table.filter(pa.array(hit)))
+    if found:
+        prior = pa.concat_tables(found).combine_chunks()
+    else:
+        prior = upserts.select([*key_names, *columns]).slice(0, 0)
+    k = [f"__k{i}" for i in range(len(key_names))]
+    picked = {n: upserts.column(c).take(pa.array(rows)) for n, c in zip(k, key_names, strict=True)}
+    left = pa.table({**picked, "__row": pa.array(rows)})
+    right = prior.rename_columns([*k, *(f"__v_{c}" for c in columns)])
+    joined = left.join(right, keys=k, join_type="left outer")
+    at = {int(r): i for i, r in enumerate(joined.column("__row").to_pylist())}
+    for name in columns:
+        mask = effect.fills[name]
+        col = upserts.column(name).combine_chunks()
+        values = joined.column(f"__v_{name}").combine_chunks()
+        if values.type != col.type:
+            values = values.cast(col.type)
+        take = np.arange(upserts.num_rows)
+        sel = np.flatnonzero(mask)
+        take[sel] = [upserts.num_rows + at[int(r)] for r in sel]
+        merged = pa.concat_arrays([col, values]).take(pa.array(take))
+        upserts = upserts.set_column(upserts.schema.get_field_index(name), name, merged)
+    return upserts
 
 
 def _ctype(layout: Layout, i: int) -> PgColumnType:

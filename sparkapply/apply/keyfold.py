@@ -20,6 +20,14 @@ NET EFFECT
 
     TRUNCATE empties the table at its position: events before the last one are
     dropped and every pre-batch row goes, so no key needs a lookup.
+
+UNCHANGED TOAST
+    An UPDATE may send a column as unchanged (``u``): the row keeps the value it had.
+    Within a key's sorted events that is the value of the nearest earlier put that
+    sent the column; with none in the batch it is the live pre-batch row's, fetched
+    when the replaced row is located (``NetEffect.fills``). An UPDATE that also moves
+    the key takes the value from the old key's chain; that rare case goes to the
+    row-wise fold.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import pyarrow.compute as pc
 
 from sparkapply.apply.columns import convert_columns, fit_table
 from sparkapply.apply.decode import (
+    KIND_UNCHANGED,
     OP_D,
     OP_I,
     OP_U,
@@ -59,6 +68,9 @@ class NetEffect:
     upserts: pa.Table  # the rows to write: final versions
     remove_keys: list[pa.Array]  # key columns of pre-batch rows to delete, if live
     truncated: bool = False
+    # Unchanged TOAST values to take from the live pre-batch row: column → mask over
+    # ``upserts`` (the rows' keys are among ``remove_keys``).
+    fills: dict[str, np.ndarray] = field(default_factory=dict)
     n_inserts: int = 0
     n_updates: int = 0
     n_deletes: int = 0
@@ -157,8 +169,6 @@ def _txn(
                     run = decode_changes(
                         ix.b, ix.starts[sel], ix.ends[sel], ix.in_stream[sel], rid, layout.names
                     )
-                    if run.new.has_unchanged():
-                        raise NeedsRowFold("unchanged TOAST values")
                     for op in st.counts:
                         st.counts[op] += int(np.count_nonzero(run.ops == op))
                     st.parts.append(_Part(run, layout, st.seq))
@@ -205,6 +215,8 @@ def _net(st: _Fold) -> NetEffect:
                     ne = pc.fill_null(pc.not_equal(new_c, old_c), False)
                     differs |= ne.to_numpy(zero_copy_only=False)
                 moved &= differs
+                if moved.any() and _unchanged_rows(run)[moved].any():
+                    raise NeedsRowFold("a key-changing update sends unchanged TOAST values")
             rm_rows = np.flatnonzero((ops == OP_D) | moved)
         else:
             rm_rows = np.zeros(0, np.int64)
@@ -247,18 +259,37 @@ def _net(st: _Fold) -> NetEffect:
 
     # Rows to write: the last event of a key, when it is a put.
     keep = last & put_all
+    sources = _unchanged_sources(st, first, put_all, part_all, row_all)
+    offsets = np.cumsum([0, *(len(p.run.ops) for p in st.parts)])
     pieces = []
+    fills: dict[str, list[np.ndarray]] = {}
     for p_i, part in enumerate(st.parts):
-        rows = np.sort(row_all[keep & (part_all == p_i)])
+        sel = keep & (part_all == p_i)
+        by_row = np.argsort(row_all[sel], kind="stable")
+        rows = row_all[sel][by_row]
         if len(rows) == 0:
             continue
         idx = pa.array(rows)
         layout = part.layout
         raw = {name: part.run.new.values[i].take(idx) for i, name in enumerate(layout.names)}
+        for name, (src, combined) in sources.items():
+            if name not in raw:
+                continue
+            own = offsets[p_i] + rows
+            picked = src[sel][by_row]  # global source row, -1: pre-batch, -2: not unchanged
+            take = np.where(picked >= 0, picked, own)
+            raw[name] = combined.take(pa.array(take))
+            fills.setdefault(name, []).append(picked == -1)
         cols = convert_columns(layout, raw, st.schema)
         pieces.append(fit_table(cols, len(rows), st.schema))
+        for name in sources:
+            if name not in raw:
+                fills.setdefault(name, []).append(np.zeros(len(rows), bool))
     if pieces:
         effect.upserts = pa.concat_tables(pieces)
+    effect.fills = {
+        name: mask for name, parts in fills.items() if (mask := np.concatenate(parts)).any()
+    }
     # Keys that may name a live pre-batch row: first event not an INSERT's put.
     if not st.truncated:
         lookup = first & ~ins_all
@@ -266,3 +297,55 @@ def _net(st: _Fold) -> NetEffect:
             take = order.filter(pa.array(lookup))
             effect.remove_keys = [events.column(nm).take(take) for nm in names]
     return effect
+
+
+def _unchanged_rows(run: ChangeRun) -> np.ndarray:
+    out = np.zeros(len(run.ops), bool)
+    for kind in run.new.kinds:
+        out |= kind == KIND_UNCHANGED
+    return out
+
+
+def _unchanged_sources(
+    st: _Fold,
+    first: np.ndarray,
+    put_all: np.ndarray,
+    part_all: np.ndarray,
+    row_all: np.ndarray,
+) -> dict[str, tuple[np.ndarray, pa.Array]]:
+    """For every column some put sends as unchanged: per sorted event, the global row
+    (over all parts) of the nearest earlier put of the same key that sent a value,
+    ``-1`` if there is none (take it from the pre-batch row), ``-2`` if the event's
+    own value stands; and the column's raw text over all parts, to take from."""
+    names: dict[str, None] = {}
+    for part in st.parts:
+        for i, kind in enumerate(part.run.new.kinds):
+            if bool(np.any(kind == KIND_UNCHANGED)):
+                names[part.layout.names[i]] = None
+    if not names:
+        return {}
+    offsets = np.cumsum([0, *(len(p.run.ops) for p in st.parts)])
+    glob = offsets[part_all] + row_all
+    events = np.arange(len(glob))
+    group_start = np.maximum.accumulate(np.where(first, events, 0))
+    out: dict[str, tuple[np.ndarray, pa.Array]] = {}
+    for name in names:
+        kinds = np.full(int(offsets[-1]), ord("n"), np.uint8)
+        values = []
+        for p_i, part in enumerate(st.parts):
+            n = len(part.run.ops)
+            if name in part.layout.names:
+                ci = part.layout.names.index(name)
+                kinds[offsets[p_i] : offsets[p_i] + n] = part.run.new.kinds[ci]
+                values.append(part.run.new.values[ci])
+            else:  # the column did not exist in this relation version: null
+                values.append(pa.nulls(n, pa.large_binary()))
+        unchanged = put_all & (kinds[glob] == KIND_UNCHANGED)
+        has_value = put_all & ~unchanged
+        nearest = np.maximum.accumulate(np.where(has_value, events, -1))
+        in_group = nearest >= group_start
+        src = np.where(
+            unchanged, np.where(in_group, glob[np.maximum(nearest, 0)], -1), -2
+        ).astype(np.int64)
+        out[name] = (src, pa.concat_arrays(values))
+    return out

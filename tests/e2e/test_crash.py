@@ -46,6 +46,8 @@ def _workload(mirror: Mirror, pg_server: PgServer) -> None:
         "feed:700",  # in the middle of a streamed chunk
         "after-stage",  # PREPARE staged, not yet acknowledged
         "before-commit",  # executors wrote files, nothing committed
+        "deletes-written",  # position-delete files written (merge-on-read), not committed
+        "deletes-written:2",  # the same in a later batch
         "after-table-commit",  # one table of a batch committed, the other not
         "before-ack",  # every table committed, nothing acknowledged
         "after-table-commit:4",  # a later batch
