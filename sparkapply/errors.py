@@ -166,3 +166,9 @@ class SinkError(SparkapplyError):
 
 class StateError(SparkapplyError):
     """Staged state on disk (spool, prepared store) is missing or corrupt."""
+
+
+class LocationError(SinkError):
+    """A warehouse, table or file location that cannot be used (see location.py)."""
+
+    kind = ErrorKind.OPERATOR

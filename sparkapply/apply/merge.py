@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sparkapply import location
 from sparkapply.apply.fold import Key, Layout, Row, TableDelta, _Unchanged
 from sparkapply.apply.keys import canonical_keys
 from sparkapply.convert.types import PgColumnType
@@ -37,19 +38,13 @@ class WriteResult:
     rows_removed: int = 0
 
 
-def _fs(location: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in location:
-        return pafs.LocalFileSystem(), location
-    fs, path = pafs.FileSystem.from_uri(location)
-    return fs, path
+def _fs(where: str) -> tuple[pafs.FileSystem, str]:
+    return location.filesystem(where)
 
 
-def _uri(location: str, path: str) -> str:
-    if location.startswith("file:"):
-        return "file://" + path if not path.startswith("file:") else path
-    if "://" in location:
-        return location.split("://", 1)[0] + "://" + path
-    return path
+def _uri(where: str, path: str) -> str:
+    # ``path`` is a file directly under the directory ``where`` (see TableWriter.write).
+    return location.join(where, path.rsplit("/", 1)[-1])
 
 
 class TableWriter:

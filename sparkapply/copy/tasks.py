@@ -34,9 +34,9 @@ import psycopg.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sparkapply import location
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
 from sparkapply.errors import (
@@ -190,15 +190,11 @@ class _DataFile:
 
     def __init__(self, data_dir: str, schema: pa.Schema) -> None:
         self.schema = schema
-        data_dir = data_dir.rstrip("/")
-        if "://" in data_dir:
-            self.fs, base = pafs.FileSystem.from_uri(data_dir)
-            scheme = data_dir.split("://", 1)[0]
-        else:
-            self.fs, base, scheme = pafs.LocalFileSystem(), data_dir, ""
-        self.fs.create_dir(base, recursive=True)
-        self.path = f"{base}/sparkapply-copy-{uuid.uuid4().hex}.parquet"
-        self.uri = f"{scheme}://{self.path}" if scheme else self.path
+        # The file's location is spelled by joining (as the manifest will hold it); the
+        # file system and its path come from that spelling (location.py).
+        self.uri = location.join(data_dir, f"sparkapply-copy-{uuid.uuid4().hex}.parquet")
+        self.fs, self.path = location.filesystem(self.uri)
+        self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, table: pa.Table) -> None:

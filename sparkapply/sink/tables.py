@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from urllib.parse import urlsplit
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -33,6 +32,7 @@ from pyiceberg.types import (
     NestedField,
 )
 
+from sparkapply import location
 from sparkapply.convert.schema import can_widen
 from sparkapply.errors import SchemaChangeError, SinkError
 from sparkapply.lsn import Lsn
@@ -70,11 +70,11 @@ def data_directory(table: Table) -> str:
     file a name that is unique forever (a UUID): a name reused after a failed commit
     could collide with a file a reader still needs.
     """
-    location = table.location_provider().data_path
-    parts = urlsplit(location)
-    if parts.scheme in ("", "file"):
-        os.makedirs(parts.path if parts.scheme else location, exist_ok=True)
-    return location
+    data_path = table.location_provider().data_path
+    local = location.local_path(data_path)
+    if local is not None:
+        os.makedirs(local, exist_ok=True)
+    return data_path
 
 
 def ensure_table(
@@ -129,12 +129,26 @@ def _create(
     props = {**DEFAULT_TABLE_PROPERTIES, **(properties or {})}
     # The catalog renumbers field ids on create, so the mapping is built from the
     # schema as created, inside the same (atomic) create transaction.
-    txn = catalog.create_table_transaction(identifier, schema, properties=props)
+    txn = catalog.create_table_transaction(
+        identifier, schema, location=_table_location(catalog, identifier), properties=props
+    )
     _ensure_name_mapping(txn)
     # Another process may have created it between our load and our create: use theirs.
     with contextlib.suppress(TableAlreadyExistsError, CommitFailedException):
         txn.commit_transaction()
     return catalog.load_table(identifier)
+
+
+def _table_location(catalog: Catalog, identifier: TableIdentifier) -> str | None:
+    """The location for a new table whose name cannot be a path segment as it is
+    (``/``, ``#``, ``?``, ``%``; see :func:`sparkapply.location.path_segment`), under
+    the catalog's warehouse; None (the catalog's default) for every other name."""
+    warehouse = catalog.properties.get("warehouse")
+    namespace, name = identifier
+    if not warehouse or all(location.path_segment(n) == n for n in identifier):
+        return None
+    # pyiceberg's own default is warehouse/namespace/table: keep its layout.
+    return location.join(warehouse, location.path_segment(namespace), location.path_segment(name))
 
 
 def apply_evolution(

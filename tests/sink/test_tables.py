@@ -17,6 +17,7 @@ from pyiceberg.types import (
 )
 
 from sparkapply.errors import SchemaChangeError
+from sparkapply.location import path_segment
 from sparkapply.lsn import Lsn
 from sparkapply.sink import apply_evolution, commit_files, ensure_table, read_table
 from sparkapply.sink.tables import NAME_MAPPING_PROPERTY
@@ -176,3 +177,21 @@ def test_evolution_gives_a_table_without_mapping_a_complete_one(
     table = catalog.load_table(ORDERS)
     assert apply_evolution(table, add_columns=[("status", StringType())])
     assert mapping_names(table) == {f.name: f.field_id for f in table.schema().fields}
+
+
+def test_table_location_keeps_names_that_are_safe_path_segments(catalog: Catalog) -> None:
+    table = ensure_table(catalog, ("Sales Dept", "Order-Items"), orders_schema())
+    warehouse = catalog.properties["warehouse"]
+    assert table.location() == f"{warehouse}/Sales Dept/Order-Items"
+
+
+def test_table_location_of_names_that_cannot_be_path_segments(catalog: Catalog) -> None:
+    a = ensure_table(catalog, ("s#1", "a/b"), orders_schema())
+    b = ensure_table(catalog, ("s#1", "a_b"), orders_schema())
+    warehouse = catalog.properties["warehouse"]
+    assert a.location() == f"{warehouse}/{path_segment('s#1')}/{path_segment('a/b')}"
+    assert "#" not in a.location() and a.location().count("/") == warehouse.count("/") + 2
+    assert b.location() != a.location()  # a_b is safe and kept; a/b is not
+    path = write_data_file(a, to_arrow([order(1)]))
+    commit_files(a, added=[path], lsn=Lsn(10))
+    assert read_table(catalog.load_table(("s#1", "a/b"))).num_rows == 1
