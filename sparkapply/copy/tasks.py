@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from sparkapply import location
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
+from sparkapply.copy.snapshot import begin_at_snapshot
 from sparkapply.errors import (
     ConnectionLostError,
     ConversionError,
@@ -46,7 +47,6 @@ from sparkapply.errors import (
     SourceError,
     SparkapplyError,
 )
-from sparkapply.source.negotiation import quote_literal
 
 _COPY_OUT = psycopg.pq.ExecStatus.COPY_OUT
 _COMMAND_OK = psycopg.pq.ExecStatus.COMMAND_OK
@@ -229,8 +229,7 @@ def run_slice(task: SliceTask) -> SliceResult:
     try:
         out = _DataFile(task.data_dir, task.schema)
         with psycopg.connect(task.conninfo, autocommit=True) as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(task.snapshot)}")
+            begin_at_snapshot(conn, task.snapshot)
             _copy_out(conn, task, out, result)
             conn.execute("COMMIT")
         result.files = out.close()

@@ -28,12 +28,11 @@ from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.name_mapping import MappedField, NameMapping, create_mapping_from_schema
 from pyiceberg.types import (
     IcebergType,
-    ListType,
     NestedField,
 )
 
 from sparkapply import location
-from sparkapply.convert.schema import can_widen
+from sparkapply.convert.schema import widenings
 from sparkapply.errors import SchemaChangeError, SinkError
 from sparkapply.lsn import Lsn
 
@@ -231,21 +230,12 @@ def apply_evolution(
 def _widening(
     table: str, field: NestedField, new_type: IcebergType, lsn: Lsn | None
 ) -> list[tuple[tuple[str, ...], IcebergType]]:
-    """The ``update_column`` calls that take ``field`` to ``new_type``; [] if none needed."""
+    """The ``update_column`` calls that take ``field`` to ``new_type``; [] if none needed
+    (also when the column is already wider: a replayed, older RELATION's values fit)."""
     old_type = field.field_type
-    if old_type == new_type:
-        return []
-    if isinstance(old_type, ListType) and isinstance(new_type, ListType):
-        old_elem, new_elem = old_type.element_type, new_type.element_type
-        if old_elem == new_elem or _is_widening(new_elem, old_elem):
-            return []
-        if _is_widening(old_elem, new_elem):
-            return [((field.name, "element"), new_elem)]
-    elif _is_widening(old_type, new_type):
-        return [((field.name,), new_type)]
-    elif _is_widening(new_type, old_type):
-        # Already wider (a replayed, older RELATION): values of the narrower type fit.
-        return []
+    found = widenings(old_type, new_type, (field.name,), field.field_id)
+    if found is not None:
+        return [(w.path, w.new_type) for w in found]
     raise SchemaChangeError(
         f"cannot change column type from {old_type} to {new_type}: Iceberg can only widen "
         "int to long, float to double and decimal(P,S) to decimal(P',S) with P' >= P",
@@ -254,12 +244,6 @@ def _widening(
         lsn=lsn,
         hint="recreate the table (or map the column to a new name) and resynchronise it",
     )
-
-
-# The type promotions of the Iceberg spec (v2), checked with our own rule rather than
-# pyiceberg's ``promote``, which also allows read-time conversions (string ↔ binary,
-# fixed → uuid) and, in 0.12, does not compare decimal scales.
-_is_widening = can_widen
 
 
 def _check_key(

@@ -24,16 +24,28 @@ SESSION_OPTIONS = (
 )
 
 
-def replication_conninfo(dsn: str, *, connect_timeout: float = 10.0) -> str:
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    extra = str(params.get("options") or "")
+def session_conninfo(
+    dsn: str, *, application_name: str | None = None, options: str = "", **params: str
+) -> str:
+    """``dsn`` with what every sparkapply session needs: UTF8, :data:`SESSION_OPTIONS`
+    after the user's own ``options`` (then ``options``), and ``application_name``
+    (default: the user's, else "sparkapply"); ``params`` are further keywords."""
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    all_options = " ".join(
+        o for o in (str(given.get("options") or ""), SESSION_OPTIONS, options) if o
+    )
     return psycopg.conninfo.make_conninfo(
         dsn,
-        replication="database",
         client_encoding="UTF8",
-        application_name=str(params.get("application_name") or "sparkapply"),
-        options=(extra + " " + SESSION_OPTIONS).strip(),
-        connect_timeout=str(max(1, int(connect_timeout))),
+        application_name=application_name or str(given.get("application_name") or "sparkapply"),
+        options=all_options,
+        **params,
+    )
+
+
+def replication_conninfo(dsn: str, *, connect_timeout: float = 10.0) -> str:
+    return session_conninfo(
+        dsn, replication="database", connect_timeout=str(max(1, int(connect_timeout)))
     )
 
 
