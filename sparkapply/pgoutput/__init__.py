@@ -1,4 +1,4 @@
-"""The pure pgoutput codec: messages, decoder (and an encoder for tests), walsender frames."""
+"""The pure pgoutput codec: messages, decoder, encoder, walsender frames (no I/O)."""
 
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput.decoder import Decoder, decode_message
