@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from sparkapply.pgoutput.decoder import (
+from sparkapply.pgoutput._wire import (
     _check_proto_version,
     _negotiated,
     _normalize_streaming,

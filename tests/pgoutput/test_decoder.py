@@ -14,7 +14,7 @@ import pytest
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput import Decoder, decode_message, encode
 from sparkapply.pgoutput import messages as m
-from sparkapply.pgoutput.decoder import _fast_constructor
+from sparkapply.pgoutput._wire import _fast_constructor
 from sparkapply.pgoutput.encoder import encode_tuple
 
 
