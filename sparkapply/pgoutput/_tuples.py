@@ -16,9 +16,7 @@ from sparkapply.pgoutput._wire import (
     _new_tupledata,
     tag_name,
 )
-from sparkapply.pgoutput.messages import (
-    TupleData,
-)
+from sparkapply.pgoutput.messages import UNCHANGED, ColumnValue, TupleData
 
 # ---------------------------------------------------------------------------------
 # TupleData: the hot loop
@@ -33,7 +31,7 @@ def _columns(buf: bytes, o: int, end: int, natts: int) -> tuple[TupleData, int]:
     """Read ``natts`` columns starting at ``o``; return the row and the offset after it."""
     kinds: list[int] = []
     add_kind = kinds.append
-    values: list[bytes | None] = []
+    values: list[ColumnValue] = []
     add = values.append
     u32 = _U32
     try:
@@ -47,8 +45,11 @@ def _columns(buf: bytes, o: int, end: int, natts: int) -> tuple[TupleData, int]:
                     raise _bad_length(buf, o, len(values))
                 add(buf[o + 5 : e])
                 o = e
-            elif k == 0x6E or k == 0x75:  # 'n' / 'u': no value follows
+            elif k == 0x6E:  # 'n': NULL, no value follows
                 add(None)
+                o += 1
+            elif k == 0x75:  # 'u': unchanged TOAST, no value follows
+                add(UNCHANGED)
                 o += 1
             else:
                 raise _bad_kind(buf, o, len(values))
@@ -61,7 +62,7 @@ def _columns(buf: bytes, o: int, end: int, natts: int) -> tuple[TupleData, int]:
 def _columns_view(buf: memoryview, o: int, end: int, natts: int) -> tuple[TupleData, int]:
     """``_columns`` for a large payload walked in place; copies each value out."""
     kinds: list[int] = []
-    values: list[bytes | None] = []
+    values: list[ColumnValue] = []
     try:
         for _ in repeat(None, natts):
             k = buf[o]
@@ -71,8 +72,11 @@ def _columns_view(buf: memoryview, o: int, end: int, natts: int) -> tuple[TupleD
                     raise _bad_length(buf, o, len(values))
                 values.append(buf[o + 5 : e].tobytes())
                 o = e
-            elif k == 0x6E or k == 0x75:
+            elif k == 0x6E:
                 values.append(None)
+                o += 1
+            elif k == 0x75:
+                values.append(UNCHANGED)
                 o += 1
             else:
                 raise _bad_kind(buf, o, len(values))

@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput.messages import (
+    ColumnValue,
     Delete,
     Insert,
     TupleData,
@@ -278,7 +279,7 @@ def _fast_constructor(cls: type[_T], *names: str) -> Callable[..., _T]:
     return cls
 
 
-_new_tupledata: Callable[[bytes, tuple[bytes | None, ...]], TupleData] = _fast_constructor(
+_new_tupledata: Callable[[bytes, tuple[ColumnValue, ...]], TupleData] = _fast_constructor(
     TupleData, "kinds", "values"
 )
 _new_insert: Callable[[int | None, int, TupleData], Insert] = _fast_constructor(

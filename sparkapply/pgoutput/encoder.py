@@ -25,6 +25,7 @@ from sparkapply.pgoutput.messages import (
     KIND_NULL,
     KIND_TEXT,
     KIND_UNCHANGED,
+    UNCHANGED,
     Begin,
     BeginPrepare,
     Commit,
@@ -73,12 +74,16 @@ def encode_tuple(row: TupleData) -> bytes:
     parts = [_U16.pack(len(row.kinds))]
     for i, (kind, value) in enumerate(zip(row.kinds, row.values, strict=True)):
         if kind in (KIND_TEXT, KIND_BINARY):
-            if value is None:
+            if value is None or value is UNCHANGED:
                 raise ValueError(f"column {i}: kind {chr(kind)!r} needs a value")
             parts.append(bytes((kind,)) + _I32.pack(len(value)) + bytes(value))
-        elif kind in (KIND_NULL, KIND_UNCHANGED):
+        elif kind == KIND_NULL:
             if value is not None:
-                raise ValueError(f"column {i}: kind {chr(kind)!r} carries no value")
+                raise ValueError(f"column {i}: kind 'n' carries no value (None)")
+            parts.append(bytes((kind,)))
+        elif kind == KIND_UNCHANGED:
+            if value is not UNCHANGED:
+                raise ValueError(f"column {i}: kind 'u' carries no value (UNCHANGED)")
             parts.append(bytes((kind,)))
         else:
             raise ValueError(f"column {i}: bad kind {kind!r}")

@@ -47,14 +47,18 @@ def cstr(s: str) -> bytes:
 
 
 def tup(*cols: bytes | None, kinds: bytes | None = None) -> tuple[bytes, m.TupleData]:
-    """Wire bytes and value of a TupleData; None is NULL unless ``kinds`` says 'u'."""
+    """Wire bytes and value of a TupleData; None is NULL unless ``kinds`` says 'u'
+    (then the value is UNCHANGED, distinct from NULL)."""
     kinds = kinds or bytes(b"n"[0] if c is None else b"t"[0] for c in cols)
     out = u16(len(cols))
     for k, c in zip(kinds, cols, strict=True):
         out += bytes((k,))
         if c is not None:
             out += i32(len(c)) + c
-    return out, m.TupleData(kinds, cols)
+    values = tuple(
+        m.UNCHANGED if k == m.KIND_UNCHANGED else c for k, c in zip(kinds, cols, strict=True)
+    )
+    return out, m.TupleData(kinds, values)
 
 
 LSN1, LSN2, LSN3 = 0x16_B374D848, 0x16_B374D900, 0x17_00000000
@@ -831,3 +835,19 @@ def test_encoder_can_build_bytes_the_decoder_rejects() -> None:
         decode_message(encode(m.Commit(1, 2, 3, 4)))
     with pytest.raises(ProtocolError, match="bad replica identity"):
         decode_message(encode(m.Relation(None, 1, "", "t", "x", ())))
+
+
+def test_unchanged_toast_is_an_explicit_value_distinct_from_null() -> None:
+    import pickle
+
+    wire = b"U" + u32(1) + b"N" + tup(b"1", None, None, kinds=b"tnu")[0]
+    got = Decoder().decode(wire)
+    assert isinstance(got, m.Update)
+    assert got.new.values == (b"1", None, m.UNCHANGED)
+    assert got.new.values[1] is None and got.new.values[2] is m.UNCHANGED
+    assert got.new.is_null(1) and got.new.is_unchanged(2)
+    assert pickle.loads(pickle.dumps(got.new.values[2])) is m.UNCHANGED  # on executors too
+    big = memoryview(b"U" + u32(1) + b"N" + tup(b"x" * 20000, None, kinds=b"tu")[0])
+    got_big = Decoder().decode(big)  # the in-place path
+    assert isinstance(got_big, m.Update) and got_big.new.values[1] is m.UNCHANGED
+    assert encode(got) == wire

@@ -81,10 +81,16 @@ def oid(conn: psycopg.Connection[Any], expr: str) -> int:
 
 
 def tup(*values: bytes | None, kinds: bytes | None = None) -> m.TupleData:
-    """Expected TupleData: text values, ``None`` for NULL (or ``kinds`` given)."""
+    """Expected TupleData: text values, ``None`` for NULL (or ``kinds`` given; a 'u'
+    column's value is UNCHANGED)."""
     if kinds is None:
         kinds = bytes(m.KIND_NULL if v is None else m.KIND_TEXT for v in values)
-    return m.TupleData(kinds, tuple(values))
+    return m.TupleData(
+        kinds,
+        tuple(
+            m.UNCHANGED if k == m.KIND_UNCHANGED else v for k, v in zip(kinds, values, strict=True)
+        ),
+    )
 
 
 def split_transactions(msgs: Sequence[m.Message]) -> Iterator[list[m.Message]]:
