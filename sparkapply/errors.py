@@ -172,3 +172,9 @@ class LocationError(SinkError):
     """A warehouse, table or file location that cannot be used (see location.py)."""
 
     kind = ErrorKind.OPERATOR
+
+
+class SinkArgumentError(SinkError, ValueError):
+    """A caller passed the sink an argument it cannot take (a bug in the caller, not in
+    the data): e.g. a naive datetime, a file both added and removed. Also a ValueError,
+    as Python code expects of a bad argument."""
