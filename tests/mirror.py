@@ -126,7 +126,7 @@ class Mirror:
     def sql(self, *statements: str, autocommit: bool = True) -> None:
         with psycopg.connect(self.dsn, autocommit=autocommit) as conn:
             for s in statements:
-                conn.execute(s)  # type: ignore[arg-type]
+                conn.execute(s)
 
     def iceberg_rows(self, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         from sparkapply.sink.read import read_table

@@ -223,12 +223,13 @@ def _fast_constructor(cls: type[_T], *names: str) -> Callable[..., _T]:
     """
     descriptors = [cls.__dict__.get(n) for n in names]
     if (
+        # cls is a dataclass by contract; TypeVar _T cannot say so to mypy.
         tuple(f.name for f in fields(cls)) != names  # type: ignore[arg-type]
         or hasattr(cls, "__post_init__")
         or not all(isinstance(d, MemberDescriptorType) for d in descriptors)
     ):
         return cls
-    setters = [d.__set__ for d in descriptors]  # type: ignore[union-attr]
+    setters = [d.__set__ for d in descriptors]  # type: ignore[union-attr]  # checked above
     new = object.__new__
     if len(setters) == 2:
         s0, s1 = setters

@@ -263,7 +263,7 @@ def test_values_are_bytes_not_views() -> None:
 def test_memoryview_of_other_formats_and_offsets() -> None:
     wire = b"I" + u32(1) + b"N" + KEY_WIRE
     dec = Decoder()
-    assert dec.decode(memoryview(wire).cast("c")) == m.Insert(None, 1, KEY)  # type: ignore[arg-type]
+    assert dec.decode(memoryview(wire).cast("c")) == m.Insert(None, 1, KEY)  # type: ignore[arg-type]  # a view of another format
     assert dec.decode(memoryview(b"xx" + wire)[2:]) == m.Insert(None, 1, KEY)
 
     class Sub(bytes):
@@ -274,7 +274,7 @@ def test_memoryview_of_other_formats_and_offsets() -> None:
 
 def test_not_bytes_like_is_a_type_error() -> None:
     with pytest.raises(TypeError):
-        Decoder().decode("I")  # type: ignore[arg-type]
+        Decoder().decode("I")  # type: ignore[arg-type]  # the wrong type, on purpose
 
 
 # -- errors ------------------------------------------------------------------------
@@ -742,7 +742,7 @@ def test_constructor_normalizes_and_validates() -> None:
     assert "in_stream=True" in repr(Decoder(in_stream=True))
     for proto in (0, 5, True, "4", 4.0):
         with pytest.raises(ValueError, match="proto_version"):
-            Decoder(proto)  # type: ignore[arg-type]
+            Decoder(proto)  # type: ignore[arg-type]  # the wrong type, on purpose
     with pytest.raises(ValueError, match="streaming"):
         Decoder(4, "yes")
     with pytest.raises(ValueError, match="in_stream=True needs streaming"):
@@ -770,7 +770,7 @@ def test_fast_constructor_builds_equal_objects() -> None:
     )
     assert upd == m.Update(1, 2, "K", td, td)
     with pytest.raises(AttributeError):
-        upd.xid = 3  # type: ignore[misc]
+        upd.xid = 3  # type: ignore[misc]  # frozen: the assignment must fail
 
 
 def test_fast_constructor_falls_back_for_unusual_classes() -> None:
@@ -812,7 +812,7 @@ def test_encoder_refuses_what_it_cannot_write() -> None:
     with pytest.raises(ValueError, match="old_kind"):
         encode(m.Update(None, 1, "K", None, KEY))
     with pytest.raises(ValueError, match="old_kind"):
-        encode(m.Delete(None, 1, "X", KEY))  # type: ignore[arg-type]
+        encode(m.Delete(None, 1, "X", KEY))  # type: ignore[arg-type]  # a bad kind, on purpose
     with pytest.raises(ValueError, match="needs a value"):
         encode_tuple(m.TupleData(b"t", (None,)))
     with pytest.raises(ValueError, match="carries no value"):
@@ -824,7 +824,7 @@ def test_encoder_refuses_what_it_cannot_write() -> None:
     with pytest.raises(ValueError, match="one character"):
         encode(m.Relation(None, 1, "", "t", "dd", ()))
     with pytest.raises(TypeError, match="not a pgoutput message"):
-        encode(object())  # type: ignore[arg-type]
+        encode(object())  # type: ignore[arg-type]  # not a message, on purpose
     with pytest.raises(ValueError, match="proto_version"):
         encode(m.StreamStop(), proto_version=9)
 

@@ -618,7 +618,8 @@ def test_streamed_commit_with_subtransaction_aborts(pg_dsn: str) -> None:
         assert ab.abort_lsn is not None and ab.abort_time is not None
         assert before_abort < ab.abort_lsn <= after_abort
         assert t0 <= ab.abort_time <= commit.commit_time
-    assert abort_b.abort_lsn < abort_a.abort_lsn  # type: ignore[operator]
+    assert abort_b.abort_lsn is not None and abort_a.abort_lsn is not None
+    assert abort_b.abort_lsn < abort_a.abort_lsn
     assert commit.xid == top and commit.flags == 0
     assert after_abort < commit.commit_lsn < commit.end_lsn
     assert t0 <= commit.commit_time <= t1

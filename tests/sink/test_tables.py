@@ -10,6 +10,7 @@ from pyiceberg.types import (
     DecimalType,
     DoubleType,
     FloatType,
+    IcebergType,
     IntegerType,
     ListType,
     LongType,
@@ -92,10 +93,11 @@ def test_widened_column_reads_old_and_new_files(catalog: Catalog, orders: Table)
 
 
 def test_evolution_is_idempotent(orders: Table) -> None:
-    plan = {"add_columns": [("status", StringType())], "widen": [("qty", LongType())]}
-    assert apply_evolution(orders, **plan)  # type: ignore[arg-type]
+    add: list[tuple[str, IcebergType]] = [("status", StringType())]
+    widen: list[tuple[str, IcebergType]] = [("qty", LongType())]
+    assert apply_evolution(orders, add_columns=add, widen=widen)
     schema_id = orders.schema().schema_id
-    assert not apply_evolution(orders, **plan)  # type: ignore[arg-type]
+    assert not apply_evolution(orders, add_columns=add, widen=widen)
     # A replayed older RELATION (int again) against the widened table is a no-op too.
     assert not apply_evolution(orders, widen=[("qty", IntegerType())])
     assert orders.schema().schema_id == schema_id

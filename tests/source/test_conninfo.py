@@ -27,7 +27,7 @@ def test_session_conninfo_extras() -> None:
         session_conninfo(DSN + " application_name=mine", options="-c statement_timeout=0")
     )
     assert p["application_name"] == "mine"
-    assert p["options"].endswith(SESSION_OPTIONS + " -c statement_timeout=0")
+    assert str(p["options"]).endswith(SESSION_OPTIONS + " -c statement_timeout=0")
     tagged = conninfo_to_dict(session_conninfo(DSN, application_name="copy-1"))
     assert tagged["application_name"] == "copy-1"
 
