@@ -9,7 +9,6 @@ server said something an operator must fix. The connection string is never logge
 from __future__ import annotations
 
 import select
-from collections.abc import Mapping
 
 import psycopg
 from psycopg import pq
@@ -76,7 +75,6 @@ class ReplicationConnection:
             )
         self._pgconn = pgconn
         self.server_version: int = pgconn.server_version
-        self._in_copy = False
 
     @property
     def where(self) -> str:
@@ -128,7 +126,6 @@ class ReplicationConnection:
                 raise ConnectionLostError(f"no answer to START_REPLICATION from {self._where}")
             self._raise_from(res, "START_REPLICATION")
         self._pgconn.nonblocking = 1
-        self._in_copy = True
 
     # -- COPY BOTH -------------------------------------------------------------------
 
@@ -177,7 +174,6 @@ class ReplicationConnection:
             ) from exc
 
     def _copy_ended(self) -> None:
-        self._in_copy = False
         res = self._pgconn.get_result()
         if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
             self._raise_from(res, "replication stream")
@@ -190,12 +186,3 @@ class ReplicationConnection:
                 select.select([], [self._pgconn.socket], [], 1.0)
         except psycopg.OperationalError as exc:
             raise ConnectionLostError(f"cannot write to {self._where}: {exc}") from exc
-
-
-def server_settings(conn: ReplicationConnection, names: Mapping[str, str]) -> dict[str, str]:
-    """``SHOW`` each setting (the replication protocol accepts SHOW)."""
-    out = {}
-    for key, name in names.items():
-        rows = conn.execute(f"SHOW {name}")
-        out[key] = str(next(iter(rows[0].values()))) if rows else ""
-    return out
