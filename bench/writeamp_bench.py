@@ -77,6 +77,7 @@ def measure_size(spark: Any, root: Path, rows: int, batches: int, per_batch: int
         sub.run(until_caught_up=True)
         copy_seconds = time.perf_counter() - t
         catalog = sub._catalog
+        assert catalog is not None
         rnd = random.Random(rows)
         rounds = []
         batch_mod.Applier.apply = timed_apply  # type: ignore[method-assign]
@@ -102,10 +103,12 @@ def measure_size(spark: Any, root: Path, rows: int, batches: int, per_batch: int
                     expected.sum_amount,
                 ):
                     raise SystemExit(f"rows differ from the publisher: {got} != {expected}")
-                summary = table.current_snapshot().summary
-                total = int(summary["total-files-size"])
-                added = int(summary.get("added-files-size", 0))
-                removed = int(summary.get("removed-files-size", 0))
+                snapshot = table.current_snapshot()
+                assert snapshot is not None and snapshot.summary is not None
+                summary = snapshot.summary
+                total = int(summary["total-files-size"] or 0)
+                added = int(summary.get("added-files-size") or 0)
+                removed = int(summary.get("removed-files-size") or 0)
                 rounds.append(
                     {
                         "added_bytes": added,
@@ -114,7 +117,7 @@ def measure_size(spark: Any, root: Path, rows: int, batches: int, per_batch: int
                         "added_share": added / total,
                         "apply_seconds": sum(apply_seconds[before:]),
                         "run_seconds": wall,
-                        "delete_files": int(summary["total-delete-files"]),
+                        "delete_files": int(summary["total-delete-files"] or 0),
                     }
                 )
                 print(

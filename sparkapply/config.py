@@ -8,7 +8,9 @@ Its value is read as a TOML value when it parses as one (``2``, ``true``,
 :class:`~sparkapply.errors.ConfigError` naming the key.
 
 ``{work_dir}`` in any ``[sink.catalog]`` value is replaced by the absolute work dir, so
-the shipped ``configs/local.toml`` keeps its catalog and warehouse beside the spool.
+the shipped ``configs/local.toml`` keeps its catalog and warehouse beside the spool;
+it is percent-escaped inside a URL such as ``sqlite:///{work_dir}/catalog.db`` and
+used as it is in a path or ``file:`` location (:func:`sparkapply.location.expand_work_dir`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkapply.errors import ConfigError
+from sparkapply.location import expand_work_dir
 
 ENV_PREFIX = "SPARKAPPLY_"
 
@@ -70,8 +73,7 @@ class Config:
     apply: ApplyConfig = field(default_factory=ApplyConfig)
 
     def catalog_properties(self) -> dict[str, str]:
-        wd = str(self.work_dir)
-        return {k: v.replace("{work_dir}", wd) for k, v in self.sink.catalog.items()}
+        return {k: expand_work_dir(v, self.work_dir) for k, v in self.sink.catalog.items()}
 
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {

@@ -166,3 +166,23 @@ class SinkError(SparkapplyError):
 
 class StateError(SparkapplyError):
     """Staged state on disk (spool, prepared store) is missing or corrupt."""
+
+
+class LocationError(SinkError):
+    """A warehouse, table or file location that cannot be used (see location.py)."""
+
+    kind = ErrorKind.OPERATOR
+
+
+class SinkArgumentError(SinkError, ValueError):
+    """A caller passed the sink an argument it cannot take (a bug in the caller, not in
+    the data): e.g. a naive datetime, a file both added and removed. Also a ValueError,
+    as Python code expects of a bad argument."""
+
+
+class UnrepresentableValueError(ConversionError, ValueError):
+    """A valid PostgreSQL value with no Iceberg representation (e.g. a multi-dimensional
+    array); the hint says how to publish it instead. A ValueError too, so the
+    vectorised converters treat it like any value they cannot parse."""
+
+    kind = ErrorKind.OPERATOR

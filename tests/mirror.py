@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import math
 import os
 import signal
@@ -44,8 +45,9 @@ def make_config(dsn: str, work_dir: Path, publication: str = "pub", **source: An
             "sink": {
                 "catalog": {
                     "type": "sql",
-                    "uri": f"sqlite:///{work_dir}/catalog.db",
-                    "warehouse": f"file://{work_dir}/warehouse",
+                    # Expanded by the config, escaped as each spelling needs.
+                    "uri": "sqlite:///{work_dir}/catalog.db",
+                    "warehouse": "file://{work_dir}/warehouse",
                 }
             },
             "apply": {"batch_linger": 0.2},
@@ -97,7 +99,7 @@ class Mirror:
         props = c.sink.catalog
         extra = "".join(f"{k} = {v}\n" for k, v in apply.items())
         path.write_text(
-            f'work_dir = "{c.work_dir}"\n'
+            f"work_dir = {_toml_string(str(c.work_dir))}\n"
             f'[source]\ndsn = "{c.source.dsn}"\npublication = "pub"\nslot = "{self.slot}"\n'
             f'[sink.catalog]\ntype = "sql"\nuri = "{props["uri"]}"\n'
             f'warehouse = "{props["warehouse"]}"\n'
@@ -124,7 +126,7 @@ class Mirror:
     def sql(self, *statements: str, autocommit: bool = True) -> None:
         with psycopg.connect(self.dsn, autocommit=autocommit) as conn:
             for s in statements:
-                conn.execute(s)  # type: ignore[arg-type]
+                conn.execute(s)
 
     def iceberg_rows(self, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         from sparkapply.sink.read import read_table
@@ -176,6 +178,11 @@ class Mirror:
             )
             for a, b in zip(left, right, strict=True):
                 assert a == b, f"{table}: row differs\n  postgres: {a}\n  iceberg:  {b}"
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's)."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _row(values: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -44,15 +44,10 @@ TAG_U = ord("U")
 TAG_D = ord("D")
 
 
-class _Unchanged:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "UNCHANGED"
-
-
-UNCHANGED = _Unchanged()
-Value = bytes | None | _Unchanged
+# Unchanged TOAST is the codec's explicit value (pgoutput/messages.py).
+_Unchanged = m.Unchanged
+UNCHANGED = m.UNCHANGED
+Value = m.ColumnValue
 Key = tuple[bytes | None, ...]
 
 
@@ -151,9 +146,7 @@ class TableDelta:
 
 
 def _values(t: m.TupleData) -> list[Value]:
-    return [
-        UNCHANGED if k == m.KIND_UNCHANGED else v for k, v in zip(t.kinds, t.values, strict=True)
-    ]
+    return list(t.values)
 
 
 def fold_table(

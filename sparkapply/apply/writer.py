@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sparkapply import location
 from sparkapply.sink.rowdelta import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
 
 POSITION_DELETE_SCHEMA = pa.schema(
@@ -39,20 +40,14 @@ POSITION_DELETE_SCHEMA = pa.schema(
 )
 
 
-def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow file system and path of a location (a URI or a local path)."""
-    if "://" not in location:
-        return pafs.LocalFileSystem(), location
-    fs, path = pafs.FileSystem.from_uri(location)
-    return fs, path
+def filesystem(where: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system and path of a location (see :mod:`sparkapply.location`)."""
+    return location.filesystem(where)
 
 
-def _uri(location: str, path: str) -> str:
-    if location.startswith("file:"):
-        return "file://" + path if not path.startswith("file:") else path
-    if "://" in location:
-        return location.split("://", 1)[0] + "://" + path
-    return path
+def _uri(where: str, path: str) -> str:
+    # ``path`` is a file directly under the directory ``where``.
+    return location.join(where, path.rsplit("/", 1)[-1])
 
 
 def read_parquet(file_uri: str, columns: Sequence[str] | None = None) -> pa.Table:

@@ -43,17 +43,15 @@ decoded on executors.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import shutil
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sparkapply.changes.prepared import PreparedEntry, PreparedStore
 from sparkapply.changes.progress import Progress
-from sparkapply.changes.spool import SpoolWriter
-from sparkapply.changes.transaction import CommittedTxn
+from sparkapply.changes.spool import SpoolDirectory, SpoolWriter
+from sparkapply.changes.transaction import CommittedTxn, TxnKind
 from sparkapply.errors import ProtocolError, SparkapplyError, StateError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
@@ -63,7 +61,6 @@ from sparkapply.pgoutput.peek import CHANGE_TAGS, peek_change
 
 log = logging.getLogger(__name__)
 
-SHARED_FILE_ROTATE_BYTES = 64 * 1024 * 1024
 TAG_INSERT = ord("I")
 
 
@@ -99,11 +96,7 @@ class Assembler:
         prepared: PreparedStore,
         progress: Progress,
     ) -> None:
-        self.spool_dir = work_dir / "spool"
-        # Streams and unapplied transactions are re-sent after a restart, so the spool
-        # is never trusted across one.
-        shutil.rmtree(self.spool_dir, ignore_errors=True)
-        self.spool_dir.mkdir(parents=True)
+        self.spool = SpoolDirectory(work_dir / "spool")
         self.proto_version = proto_version
         self.streaming = streaming
         self.decoder = Decoder(proto_version=proto_version, streaming=streaming)
@@ -116,9 +109,6 @@ class Assembler:
         self._current: _OpenTxn | None = None
         self._streams: dict[int, _OpenTxn] = {}
         self._stream_xid: int | None = None
-        self._shared: SpoolWriter | None = None
-        self._file_refs: dict[str, int] = {}
-        self._seq = itertools.count()
         self.last_lsn = 0  # start of the last XLogData fed (for error context)
 
     # -- state for the subscriber -----------------------------------------------------
@@ -134,8 +124,7 @@ class Assembler:
 
     def take_ready(self, max_bytes: int, max_txns: int) -> list[tuple[CommittedTxn, list[int]]]:
         """Committed transactions for the next batch, in commit order."""
-        if self._shared is not None:
-            self._shared.flush()
+        self.spool.flush_shared()
         out: list[tuple[CommittedTxn, list[int]]] = []
         nbytes = 0
         while self.ready and len(out) < max_txns:
@@ -150,14 +139,7 @@ class Assembler:
     def release(self, txn: CommittedTxn) -> None:
         """The transaction is durable: its spool bytes are no longer needed."""
         for path in txn.cleanup:
-            refs = self._file_refs.get(path, 0) - 1
-            if refs > 0:
-                self._file_refs[path] = refs
-                continue
-            self._file_refs.pop(path, None)
-            if self._shared is not None and str(self._shared.path) == path:
-                continue  # still being appended to; deleted after rotation
-            Path(path).unlink(missing_ok=True)
+            self.spool.release(path)
         if txn.kind == "prepared":
             self.prepared.remove(txn.xid)
 
@@ -295,18 +277,8 @@ class Assembler:
             raise ProtocolError(
                 f"BEGIN of xid {xid} while xid {self._current.xid} is still open", tag="B"
             )
-        if self._shared is None or self._shared.offset > SHARED_FILE_ROTATE_BYTES:
-            self._rotate_shared()
-        assert self._shared is not None
-        self._current = _OpenTxn(xid, self._shared, self._shared.offset, prepare=prepare)
-
-    def _rotate_shared(self) -> None:
-        old = self._shared
-        if old is not None:
-            old.close()
-            if self._file_refs.get(str(old.path), 0) == 0:
-                old.path.unlink(missing_ok=True)
-        self._shared = SpoolWriter(self.spool_dir / f"txns-{next(self._seq)}.spool")
+        shared = self.spool.shared()
+        self._current = _OpenTxn(xid, shared, shared.offset, prepare=prepare)
 
     def _end_current(self, what: str) -> _OpenTxn:
         if self._current is None:
@@ -321,9 +293,7 @@ class Assembler:
         if txn is None or msg.first_segment:
             if txn is not None:
                 txn.writer.close()
-            writer = SpoolWriter(self.spool_dir / f"stream-{msg.xid}-{next(self._seq)}.spool")
-            writer.truncate(0)
-            txn = _OpenTxn(msg.xid, writer, 0, streamed=True)
+            txn = _OpenTxn(msg.xid, self.spool.new_stream(msg.xid), 0, streamed=True)
             self._streams[msg.xid] = txn
         self._stream_xid = msg.xid
 
@@ -331,8 +301,7 @@ class Assembler:
         txn = self._streams.pop(xid, None)
         if txn is None:
             # Every chunk of it was for unpublished tables, or it was empty.
-            writer = SpoolWriter(self.spool_dir / f"stream-{xid}-{next(self._seq)}.spool")
-            txn = _OpenTxn(xid, writer, 0, streamed=True)
+            txn = _OpenTxn(xid, self.spool.new_stream(xid), 0, streamed=True)
         txn.writer.flush()
         return txn
 
@@ -342,8 +311,7 @@ class Assembler:
             return
         if msg.subxid == msg.xid:
             del self._streams[msg.xid]
-            txn.writer.close()
-            txn.writer.path.unlink(missing_ok=True)
+            self.spool.discard(txn.writer)
             return
         i = next((n for n, (s, _) in enumerate(txn.subxacts) if s == msg.subxid), None)
         if i is None:
@@ -360,62 +328,44 @@ class Assembler:
         txn.catalog_records = keep
 
     def _commit(
-        self, txn: _OpenTxn, commit_lsn: int, end_lsn: int, commit_time: int, kind: str
+        self, txn: _OpenTxn, commit_lsn: int, end_lsn: int, commit_time: int, kind: TxnKind
     ) -> None:
         segment = txn.writer.segment(txn.start)
         path = str(txn.writer.path)
         if kind == "stream":
             txn.writer.close()
-        cleanup = (path,)
-        self._file_refs[path] = self._file_refs.get(path, 0) + 1
-        self._emit(
+        self.spool.hold(path)
+        committed = CommittedTxn(
             xid=txn.xid,
-            commit_lsn=commit_lsn,
-            end_lsn=end_lsn,
+            commit_lsn=Lsn(commit_lsn),
+            end_lsn=Lsn(end_lsn),
             commit_time=commit_time,
             kind=kind,
             segments=(segment,) if segment.nbytes else (),
             relation_ids=frozenset(txn.relation_ids),
-            start_relations=txn.start_relations,
+            relations=txn.start_relations,
             relation_messages=tuple(txn.relation_messages),
-            apply_own=txn.streamed,
             n_changes=txn.n_changes,
             has_truncate=txn.has_truncate,
             mutated_relation_ids=frozenset(txn.mutated),
-            cleanup=cleanup,
+            cleanup=(path,),
         )
+        self._emit(committed, apply_own=txn.streamed)
 
-    def _emit(self, **kw: object) -> None:
-        relation_ids: frozenset[int] = kw["relation_ids"]  # type: ignore[assignment]
-        own: tuple[m.Relation, ...] = kw["relation_messages"]  # type: ignore[assignment]
-        snapshot: dict[int, m.Relation] = kw.pop("start_relations")  # type: ignore[assignment]
-        if kw.pop("apply_own"):
-            for rel in own:
+    def _emit(self, txn: CommittedTxn, *, apply_own: bool) -> None:
+        """Queue a committed transaction. ``apply_own``: its own RELATION messages are
+        streamed-scope and take effect in the cache now, at its commit."""
+        if apply_own:
+            for rel in txn.relation_messages:
                 self.relations[rel.relation_id] = rel
-        described = set(snapshot) | {r.relation_id for r in own}
-        missing = [rid for rid in relation_ids if rid not in described]
+        described = set(txn.relations) | {r.relation_id for r in txn.relation_messages}
+        missing = [rid for rid in txn.relation_ids if rid not in described]
         if missing:
             raise StateError(
                 f"changes for relation id(s) {missing} arrived without a RELATION message",
-                xid=kw["xid"],
+                xid=txn.xid,
                 hint="the stream is inconsistent; restart sparkapply to have it re-sent",
             )
-        txn = CommittedTxn(
-            xid=kw["xid"],  # type: ignore[arg-type]
-            commit_lsn=Lsn(kw["commit_lsn"]),  # type: ignore[arg-type]
-            end_lsn=Lsn(kw["end_lsn"]),  # type: ignore[arg-type]
-            commit_time=kw["commit_time"],  # type: ignore[arg-type]
-            kind=kw["kind"],  # type: ignore[arg-type]
-            segments=kw["segments"],  # type: ignore[arg-type]
-            relation_ids=relation_ids,
-            relations=snapshot,
-            relation_messages=own,
-            n_changes=kw["n_changes"],  # type: ignore[arg-type]
-            has_truncate=kw["has_truncate"],  # type: ignore[arg-type]
-            mutated_relation_ids=kw.get("mutated_relation_ids"),  # type: ignore[arg-type]
-            gid=kw.get("gid"),  # type: ignore[arg-type]
-            cleanup=kw["cleanup"],  # type: ignore[arg-type]
-        )
         item = self.progress.add(txn.end_lsn, done=False)
         self.ready.append((txn, item))
         self.ready_bytes += txn.nbytes
@@ -423,7 +373,7 @@ class Assembler:
     def _stage(
         self, txn: _OpenTxn, xid: int, gid: str, prepare_lsn: int, end_lsn: int, ptime: int
     ) -> None:
-        is_stream = txn.writer.path.name.startswith("stream-")
+        is_stream = self.spool.is_stream(txn.writer)
         segment = txn.writer.segment(txn.start)
         txn.writer.flush()
         if is_stream:
@@ -475,21 +425,19 @@ class Assembler:
                 out.append(rel)
             return out
 
-        own = rels(entry.own_relations)
-        self._emit(
+        committed = CommittedTxn(
             xid=entry.xid,
-            commit_lsn=msg.commit_lsn,
-            end_lsn=msg.end_lsn,
+            commit_lsn=Lsn(msg.commit_lsn),
+            end_lsn=Lsn(msg.end_lsn),
             commit_time=msg.commit_time,
             kind="prepared",
             segments=(entry.segment,) if entry.spool_size else (),
             relation_ids=entry.relation_ids,
-            start_relations={r.relation_id: r for r in rels(entry.start_relations)},
-            relation_messages=tuple(own),
-            apply_own=entry.streamed,
-            mutated_relation_ids=entry.mutated_relation_ids,
+            relations={r.relation_id: r for r in rels(entry.start_relations)},
+            relation_messages=tuple(rels(entry.own_relations)),
             n_changes=entry.n_changes,
             has_truncate=entry.has_truncate,
+            mutated_relation_ids=entry.mutated_relation_ids,
             gid=entry.gid,
-            cleanup=(),
         )
+        self._emit(committed, apply_own=entry.streamed)

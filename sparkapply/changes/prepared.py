@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import StateError
@@ -44,6 +46,48 @@ class PreparedEntry:
     def segment(self) -> SpoolSegment:
         return SpoolSegment(self.spool_path, 0, self.spool_size)
 
+    def to_json(self) -> dict[str, Any]:
+        """The entry's metadata file contents (the spool's path is where the file is)."""
+        return {
+            "xid": self.xid,
+            "gid": self.gid,
+            "prepare_lsn": str(self.prepare_lsn),
+            "end_lsn": str(self.end_lsn),
+            "prepare_time": self.prepare_time,
+            "n_changes": self.n_changes,
+            "has_truncate": self.has_truncate,
+            "relation_ids": sorted(self.relation_ids),
+            "mutated_relation_ids": (
+                None if self.mutated_relation_ids is None else sorted(self.mutated_relation_ids)
+            ),
+            "spool_size": self.spool_size,
+            "start_relations": [p.hex() for p in self.start_relations],
+            "own_relations": [p.hex() for p in self.own_relations],
+            "streamed": self.streamed,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], *, spool_path: str) -> PreparedEntry:
+        """The entry :meth:`to_json` wrote; ``mutated_relation_ids`` may be missing
+        (entries written before it existed: None, every relation counts as mutated)."""
+        mutated = raw.get("mutated_relation_ids")
+        return cls(
+            xid=raw["xid"],
+            gid=raw["gid"],
+            prepare_lsn=Lsn.parse(raw["prepare_lsn"]),
+            end_lsn=Lsn.parse(raw["end_lsn"]),
+            prepare_time=raw["prepare_time"],
+            n_changes=raw["n_changes"],
+            has_truncate=raw["has_truncate"],
+            relation_ids=frozenset(raw["relation_ids"]),
+            mutated_relation_ids=None if mutated is None else frozenset(mutated),
+            spool_path=spool_path,
+            spool_size=raw["spool_size"],
+            start_relations=tuple(bytes.fromhex(p) for p in raw["start_relations"]),
+            own_relations=tuple(bytes.fromhex(p) for p in raw["own_relations"]),
+            streamed=raw["streamed"],
+        )
+
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -53,10 +97,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+PREPARED_DIR = "prepared"
+"""The store's directory under ``work_dir`` (it must survive restarts)."""
+
+
 class PreparedStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def in_work_dir(cls, work_dir: Path) -> PreparedStore:
+        """The store of the subscriber whose work dir is ``work_dir``."""
+        return cls(work_dir / PREPARED_DIR)
 
     def _paths(self, xid: int) -> tuple[Path, Path]:
         return self.root / f"{xid}.spool", self.root / f"{xid}.json"
@@ -117,24 +170,7 @@ class PreparedStore:
         )
         tmp = meta.with_suffix(".json.tmp")
         with open(tmp, "w") as f:
-            json.dump(
-                {
-                    "xid": xid,
-                    "gid": gid,
-                    "prepare_lsn": str(entry.prepare_lsn),
-                    "end_lsn": str(entry.end_lsn),
-                    "prepare_time": prepare_time,
-                    "n_changes": n_changes,
-                    "has_truncate": has_truncate,
-                    "relation_ids": sorted(relation_ids),
-                    "mutated_relation_ids": sorted(mutated_relation_ids),
-                    "spool_size": entry.spool_size,
-                    "start_relations": [p.hex() for p in start_relations],
-                    "own_relations": [p.hex() for p in own_relations],
-                    "streamed": streamed,
-                },
-                f,
-            )
+            json.dump(entry.to_json(), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, meta)
@@ -155,24 +191,7 @@ class PreparedStore:
                 xid=xid,
                 hint="the work_dir was damaged; drop the slot and resync the tables",
             )
-        return PreparedEntry(
-            xid=raw["xid"],
-            gid=raw["gid"],
-            prepare_lsn=Lsn.parse(raw["prepare_lsn"]),
-            end_lsn=Lsn.parse(raw["end_lsn"]),
-            prepare_time=raw["prepare_time"],
-            n_changes=raw["n_changes"],
-            has_truncate=raw["has_truncate"],
-            relation_ids=frozenset(raw["relation_ids"]),
-            mutated_relation_ids=(
-                frozenset(raw["mutated_relation_ids"]) if "mutated_relation_ids" in raw else None
-            ),
-            spool_path=str(spool),
-            spool_size=raw["spool_size"],
-            start_relations=tuple(bytes.fromhex(p) for p in raw["start_relations"]),
-            own_relations=tuple(bytes.fromhex(p) for p in raw["own_relations"]),
-            streamed=raw["streamed"],
-        )
+        return PreparedEntry.from_json(raw, spool_path=str(spool))
 
     def remove(self, xid: int) -> None:
         spool, meta = self._paths(xid)

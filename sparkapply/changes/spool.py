@@ -3,11 +3,18 @@
 A record is ``u32 length, u8 flags, payload``; flag bit 0 says the payload was sent
 inside a stream block (it carries the xid prefix). Executors read records back by
 ``(path, start, end)`` segment; nothing in a record depends on driver memory.
+
+:class:`SpoolDirectory` owns the files: one shared file that ordinary transactions
+append to (rotated once it passes a size), one file per streamed transaction, and a
+reference count per file, so a file is deleted when the last transaction in it is
+durable and released.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,6 +75,77 @@ class SpoolWriter:
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+SHARED_FILE_ROTATE_BYTES = 64 * 1024 * 1024
+
+
+class SpoolDirectory:
+    """The spool files of one replication session under ``root``.
+
+    Streams and unapplied transactions are re-sent after a restart, so the spool is
+    never trusted across one: the directory is emptied when this is created.
+    """
+
+    def __init__(self, root: Path, *, rotate_bytes: int = SHARED_FILE_ROTATE_BYTES) -> None:
+        self.root = root
+        self.rotate_bytes = rotate_bytes
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        self._shared: SpoolWriter | None = None
+        self._refs: dict[str, int] = {}
+        self._seq = itertools.count()
+
+    def shared(self) -> SpoolWriter:
+        """The file a new ordinary transaction appends to: the current shared file, or
+        a fresh one once that has passed ``rotate_bytes`` (only call between
+        transactions: one transaction's records stay in one file)."""
+        if self._shared is None or self._shared.offset > self.rotate_bytes:
+            old = self._shared
+            if old is not None:
+                old.close()
+                if self._refs.get(str(old.path), 0) == 0:
+                    old.path.unlink(missing_ok=True)
+            self._shared = SpoolWriter(self.root / f"txns-{next(self._seq)}.spool")
+        return self._shared
+
+    def flush_shared(self) -> None:
+        """Make what ordinary transactions appended readable by executors."""
+        if self._shared is not None:
+            self._shared.flush()
+
+    def new_stream(self, xid: int) -> SpoolWriter:
+        """An empty file of its own for the streamed transaction ``xid``."""
+        writer = SpoolWriter(self.root / f"stream-{xid}-{next(self._seq)}.spool")
+        writer.truncate(0)
+        return writer
+
+    @staticmethod
+    def is_stream(writer: SpoolWriter) -> bool:
+        return writer.path.name.startswith("stream-")
+
+    @staticmethod
+    def discard(writer: SpoolWriter) -> None:
+        """Close and delete a stream's file (its transaction aborted)."""
+        writer.close()
+        writer.path.unlink(missing_ok=True)
+
+    def hold(self, path: str) -> None:
+        """A committed transaction references ``path`` until :meth:`release`."""
+        self._refs[path] = self._refs.get(path, 0) + 1
+
+    def release(self, path: str) -> None:
+        """A transaction that referenced ``path`` is durable; the file is deleted with
+        its last reference, unless it is the shared file still being appended to
+        (then it goes at rotation)."""
+        refs = self._refs.get(path, 0) - 1
+        if refs > 0:
+            self._refs[path] = refs
+            return
+        self._refs.pop(path, None)
+        if self._shared is not None and str(self._shared.path) == path:
+            return
+        Path(path).unlink(missing_ok=True)
 
 
 READ_CHUNK = 8 * 1024 * 1024

@@ -119,9 +119,30 @@ def iceberg_type(target: ColumnTarget, next_id: Callable[[], int]) -> IcebergTyp
     return _PRIMITIVES[target.kind]()
 
 
+def source_identifier(relation: Relation) -> tuple[str, str]:
+    """``(schema, table)`` of a relation in PostgreSQL (pgoutput spells pg_catalog "")."""
+    return relation.namespace or "pg_catalog", relation.name
+
+
 def table_name(relation: Relation) -> str:
     """``schema.table`` of a relation, as errors and plans name it."""
-    return f"{relation.namespace or 'pg_catalog'}.{relation.name}"
+    return ".".join(source_identifier(relation))
+
+
+def iceberg_identifier(schema: str, name: str, table_map: Mapping[str, str]) -> tuple[str, str]:
+    """The Iceberg ``(namespace, table)`` of the PostgreSQL table ``schema.name``: the
+    ``[sink.tables]`` mapping (``"pg_schema.pg_table" = "namespace.table"``) when it
+    names the table, else the PostgreSQL names themselves."""
+    mapped = table_map.get(f"{schema}.{name}")
+    if mapped:
+        namespace, table = mapped.split(".", 1)
+        return namespace, table
+    return schema, name
+
+
+def relation_identifier(relation: Relation, table_map: Mapping[str, str]) -> tuple[str, str]:
+    """The Iceberg ``(namespace, table)`` of a relation (see :func:`iceberg_identifier`)."""
+    return iceberg_identifier(*source_identifier(relation), table_map)
 
 
 def identifier_columns(
@@ -262,7 +283,7 @@ def plan_evolution(
             continue
         new_type = iceberg_type(target, unused_ids.__next__)
         pg_type = pg_type_name(ctype)
-        found = _widenings(field.field_type, new_type, (name,), field.field_id, pg_type)
+        found = widenings(field.field_type, new_type, (name,), field.field_id, pg_type)
         if found is None:
             raise _type_change_error(table, name, field.field_type, new_type, pg_type, lsn)
         widen.extend(found)
@@ -287,7 +308,11 @@ def plan_evolution(
 
 
 def can_widen(old: IcebergType, new: IcebergType) -> bool:
-    """Iceberg's allowed primitive promotions (format v1/v2)."""
+    """Iceberg's allowed primitive promotions (format v1/v2).
+
+    Our own rule rather than pyiceberg's ``promote``, which also allows read-time
+    conversions (string ↔ binary, fixed → uuid) and, in 0.12, does not compare
+    decimal scales."""
     if isinstance(old, IntegerType):
         return isinstance(new, LongType)
     if isinstance(old, FloatType):
@@ -297,15 +322,19 @@ def can_widen(old: IcebergType, new: IcebergType) -> bool:
     return False
 
 
-def _widenings(
-    old: IcebergType, new: IcebergType, path: tuple[str, ...], field_id: int, pg_type: str
+def widenings(
+    old: IcebergType, new: IcebergType, path: tuple[str, ...], field_id: int, pg_type: str = ""
 ) -> list[WidenColumn] | None:
-    """The promotions that turn ``old`` into ``new``; None if Iceberg cannot."""
+    """The promotions that turn ``old`` into ``new``; None if Iceberg cannot.
+
+    The one walk of a column's type (the planner, and the sink's idempotent schema
+    update, both use it): a list is compared by its element type; an already wider
+    type needs no promotion."""
     if isinstance(old, ListType) and isinstance(new, ListType):
         # Compared by element type: element ids differ by construction, and element
         # nullability is ours to choose (always optional), not a type change.
         element_path = (*path, "element")
-        return _widenings(old.element_type, new.element_type, element_path, old.element_id, pg_type)
+        return widenings(old.element_type, new.element_type, element_path, old.element_id, pg_type)
     if old == new:
         return []
     if isinstance(old, PrimitiveType) and isinstance(new, PrimitiveType):
@@ -341,13 +370,13 @@ def evolved_schema(current: Schema, plan: EvolutionPlan) -> Schema:
     schema update should arrive at; a plan computed against the result for the same
     relation is empty.
     """
-    widened = {w.path: w.new_type for w in plan.widen}
+    widened = widened_types(plan)
     required = set(plan.identifier_field_names)
     fields = [
         NestedField(
             field_id=f.field_id,
             name=f.name,
-            field_type=_widened(f.field_type, (f.name,), widened),
+            field_type=widened_type(f.field_type, (f.name,), widened),
             required=f.name in required or (f.required and f.name not in plan.make_optional),
             doc=f.doc,
         )
@@ -364,13 +393,20 @@ def evolved_schema(current: Schema, plan: EvolutionPlan) -> Schema:
     )
 
 
-def _widened(
+def widened_types(plan: EvolutionPlan) -> dict[tuple[str, ...], IcebergType]:
+    """``path → new type`` of the plan's promotions (for :func:`widened_type`)."""
+    return {w.path: w.new_type for w in plan.widen}
+
+
+def widened_type(
     t: IcebergType, path: tuple[str, ...], widened: Mapping[tuple[str, ...], IcebergType]
 ) -> IcebergType:
+    """The column type ``t`` at ``path`` with the promotions ``widened`` applied
+    (a list keeps its element id and nullability)."""
     if isinstance(t, ListType):
         return ListType(
             element_id=t.element_id,
-            element_type=_widened(t.element_type, (*path, "element"), widened),
+            element_type=widened_type(t.element_type, (*path, "element"), widened),
             element_required=t.element_required,
         )
     return widened.get(path, t)

@@ -419,11 +419,6 @@ def _scalar_name(oid: int, typmod: int, type_name: str | None) -> str:
     return name
 
 
-def is_array_oid(oid: int) -> bool:
-    """True for the built-in array types that map to Iceberg lists."""
-    return oid in _ARRAYS
-
-
 def relation_columns(
     relation: Relation, type_names: Mapping[int, str] | None = None
 ) -> tuple[tuple[str, PgColumnType], ...]:

@@ -57,7 +57,7 @@ from sparkapply.convert.types import (
     column_target,
     pg_type_name,
 )
-from sparkapply.errors import ConversionError
+from sparkapply.errors import ConversionError, UnrepresentableValueError
 
 ColumnValues: TypeAlias = Sequence[bytes | None] | pa.Array | pa.ChunkedArray
 """One column: the text-format values (``None`` = NULL), or an Arrow (large) binary or
@@ -181,14 +181,6 @@ def _failure(raw: pa.Array, target: ColumnTarget) -> BaseException | None:
     except (ValueError, OverflowError) as exc:
         return exc
     return None
-
-
-class _Unsupported(ValueError):
-    """A valid PostgreSQL value that has no Iceberg representation (with a hint)."""
-
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 # Arrow's parse errors repeat the whole value; the message shows it once, truncated.
@@ -618,7 +610,7 @@ def _parse_quoted(body: str, delimiter: str) -> list[str | None]:
 
 
 def _multidimensional() -> ValueError:
-    return _Unsupported(
+    return UnrepresentableValueError(
         "multi-dimensional arrays are not supported: an Iceberg list column has one "
         "fixed nesting depth",
         hint="publish the column as a one-dimensional array, or as text "

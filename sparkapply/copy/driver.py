@@ -100,11 +100,12 @@ import psycopg
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.config import Config
-from sparkapply.convert.schema import iceberg_schema_for
+from sparkapply.convert.schema import iceberg_identifier, iceberg_schema_for, source_identifier
 from sparkapply.copy.progress import CopyProgress
 from sparkapply.copy.snapshot import (
     DEFAULT_SLICE_BYTES,
     SourceTable,
+    begin_at_snapshot,
     copy_query,
     describe_tables,
     plan_slices,
@@ -127,8 +128,8 @@ from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import table_for_relation
 from sparkapply.sink.tables import data_directory, ensure_table
-from sparkapply.source.connection import SESSION_OPTIONS, ReplicationConnection
-from sparkapply.source.negotiation import quote_ident, quote_literal
+from sparkapply.source.connection import ReplicationConnection, session_conninfo
+from sparkapply.source.negotiation import quote_ident
 from sparkapply.source.publisher import SlotInfo, check_publisher, ensure_slot
 
 log = logging.getLogger(__name__)
@@ -203,12 +204,8 @@ class TableCopier:
         self._last_check = time.monotonic()
 
     def target(self, schema: str, name: str) -> tuple[str, str]:
-        """The Iceberg identifier of a PostgreSQL table (``[sink] tables`` mapping)."""
-        mapped = self.config.sink.tables.get(f"{schema}.{name}")
-        if mapped:
-            ns, table = mapped.split(".", 1)
-            return ns, table
-        return schema, name
+        """The Iceberg identifier of a PostgreSQL table (``[sink.tables]`` mapping)."""
+        return iceberg_identifier(schema, name, self.config.sink.tables)
 
     # -- session start -----------------------------------------------------------------
 
@@ -247,7 +244,7 @@ class TableCopier:
         seen: set[tuple[str, str]] = set()
         for txn in batch:
             for rel in [*txn.relations.values(), *txn.relation_messages]:
-                key = (rel.namespace or "pg_catalog", rel.name)
+                key = source_identifier(rel)
                 if key not in self._known:
                     seen.add(key)
         if seen:
@@ -344,8 +341,7 @@ class TableCopier:
         src = self.config.source
         report = CopyReport(point)
         with self._connect() as c:
-            c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            c.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(point.snapshot)}")
+            begin_at_snapshot(c, point.snapshot)
             tables = describe_tables(c, src.publication, only)
             c.execute("COMMIT")
         if not tables:
@@ -522,7 +518,7 @@ class TableCopier:
             ) from exc
 
     def _prepared_staged(self) -> bool:
-        return bool(PreparedStore(self.config.work_dir / "prepared").xids())
+        return bool(PreparedStore.in_work_dir(self.config.work_dir).xids())
 
 
 def _point_of(slot: SlotInfo) -> CopyPoint:
@@ -535,14 +531,7 @@ def _point_of(slot: SlotInfo) -> CopyPoint:
 
 
 def _task_conninfo(dsn: str, tag: str) -> str:
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    extra = str(params.get("options") or "")
-    return psycopg.conninfo.make_conninfo(
-        dsn,
-        application_name=tag,
-        client_encoding="UTF8",
-        options=(extra + " " + SESSION_OPTIONS + " -c statement_timeout=0").strip(),
-    )
+    return session_conninfo(dsn, application_name=tag, options="-c statement_timeout=0")
 
 
 # -- resync ----------------------------------------------------------------------------

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from sparkapply.convert.types import PgColumnType
 from sparkapply.errors import PublicationError
 from sparkapply.pgoutput.messages import Relation, RelationColumn
-from sparkapply.source.negotiation import quote_ident
 
 DEFAULT_SLICE_BYTES = 64 * 1024 * 1024
 """Heap bytes per slice: one Spark task, one Parquet data file."""
@@ -133,7 +133,7 @@ def describe_tables(
     different column lists (PostgreSQL's subscriber refuses that too).
     """
     modern = conn.info.server_version >= 150000  # column lists and row filters
-    sql = _TABLES_SQL.format(
+    query = _TABLES_SQL.format(
         attnames="pt.attnames" if modern else "NULL::name[]",
         rowfilter="pt.rowfilter" if modern else "NULL::text",
     )
@@ -141,7 +141,7 @@ def describe_tables(
     block_size = int(block_row[0]) if block_row else 8192
     wanted = set(only) if only is not None else None
     grouped: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
-    for row in conn.execute(sql, (list(publications),)).fetchall():
+    for row in conn.execute(query, (list(publications),)).fetchall():
         key = (str(row[0]), str(row[1]))
         if wanted is None or key in wanted:
             grouped.setdefault(key, []).append(tuple(row))
@@ -236,12 +236,18 @@ def plan_slices(
     return slices
 
 
+def begin_at_snapshot(conn: psycopg.Connection[Any], snapshot: str) -> None:
+    """Start a read-only repeatable-read transaction that sees the exported ``snapshot``."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+
+
 def copy_query(table: SourceTable, piece: Slice) -> str:
     """``COPY (SELECT <published columns> FROM t WHERE <slice> AND <row filter>) TO STDOUT``."""
-    cols = ", ".join(quote_ident(c.name) for c in table.relation.columns)
+    cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.relation.columns).as_string()
     # ONLY: inheritance children are published (and copied) as tables of their own.
     only = "" if table.relkind == "p" else "ONLY "
-    source = f"{only}{quote_ident(table.schema)}.{quote_ident(table.name)}"
+    source = only + sql.Identifier(table.schema, table.name).as_string()
     where = []
     if piece.first_block > 0:
         where.append(f"ctid >= '({piece.first_block},0)'::tid")

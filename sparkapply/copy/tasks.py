@@ -34,11 +34,12 @@ import psycopg.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sparkapply import location
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
+from sparkapply.copy.snapshot import begin_at_snapshot
 from sparkapply.errors import (
     ConnectionLostError,
     ConversionError,
@@ -46,7 +47,6 @@ from sparkapply.errors import (
     SourceError,
     SparkapplyError,
 )
-from sparkapply.source.negotiation import quote_literal
 
 _COPY_OUT = psycopg.pq.ExecStatus.COPY_OUT
 _COMMAND_OK = psycopg.pq.ExecStatus.COMMAND_OK
@@ -190,15 +190,11 @@ class _DataFile:
 
     def __init__(self, data_dir: str, schema: pa.Schema) -> None:
         self.schema = schema
-        data_dir = data_dir.rstrip("/")
-        if "://" in data_dir:
-            self.fs, base = pafs.FileSystem.from_uri(data_dir)
-            scheme = data_dir.split("://", 1)[0]
-        else:
-            self.fs, base, scheme = pafs.LocalFileSystem(), data_dir, ""
-        self.fs.create_dir(base, recursive=True)
-        self.path = f"{base}/sparkapply-copy-{uuid.uuid4().hex}.parquet"
-        self.uri = f"{scheme}://{self.path}" if scheme else self.path
+        # The file's location is spelled by joining (as the manifest will hold it); the
+        # file system and its path come from that spelling (location.py).
+        self.uri = location.join(data_dir, f"sparkapply-copy-{uuid.uuid4().hex}.parquet")
+        self.fs, self.path = location.filesystem(self.uri)
+        self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, table: pa.Table) -> None:
@@ -233,8 +229,7 @@ def run_slice(task: SliceTask) -> SliceResult:
     try:
         out = _DataFile(task.data_dir, task.schema)
         with psycopg.connect(task.conninfo, autocommit=True) as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(task.snapshot)}")
+            begin_at_snapshot(conn, task.snapshot)
             _copy_out(conn, task, out, result)
             conn.execute("COMMIT")
         result.files = out.close()

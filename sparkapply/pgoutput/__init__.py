@@ -1,4 +1,4 @@
-"""The pure pgoutput codec: messages, decoder (and an encoder for tests), walsender frames."""
+"""The pure pgoutput codec: messages, decoder, encoder, walsender frames (no I/O)."""
 
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput.decoder import Decoder, decode_message
@@ -17,9 +17,11 @@ from sparkapply.pgoutput.messages import (
     KIND_UNCHANGED,
     TRUNCATE_CASCADE,
     TRUNCATE_RESTART_IDENTITY,
+    UNCHANGED,
     Begin,
     BeginPrepare,
     ChangeMessage,
+    ColumnValue,
     Commit,
     CommitPrepared,
     Delete,
@@ -39,6 +41,7 @@ from sparkapply.pgoutput.messages import (
     Truncate,
     TupleData,
     Type,
+    Unchanged,
     Update,
 )
 
@@ -49,9 +52,11 @@ __all__ = [
     "KIND_UNCHANGED",
     "TRUNCATE_CASCADE",
     "TRUNCATE_RESTART_IDENTITY",
+    "UNCHANGED",
     "Begin",
     "BeginPrepare",
     "ChangeMessage",
+    "ColumnValue",
     "Commit",
     "CommitPrepared",
     "Decoder",
@@ -75,6 +80,7 @@ __all__ = [
     "Truncate",
     "TupleData",
     "Type",
+    "Unchanged",
     "Update",
     "XLogData",
     "decode_message",

@@ -7,9 +7,12 @@ import time
 from dataclasses import dataclass
 
 from sparkapply.errors import ProtocolError
+from sparkapply.pgoutput._wire import tag_name
 
 __all__ = [
     "PG_EPOCH_OFFSET_MICROS",
+    "XLOG_DATA_HEADER",
+    "XLOG_DATA_TAG",
     "PrimaryKeepalive",
     "StandbyStatusUpdate",
     "XLogData",
@@ -24,7 +27,9 @@ __all__ = [
 # Microseconds from the Unix epoch to the PostgreSQL epoch (2000-01-01 UTC).
 PG_EPOCH_OFFSET_MICROS = 946_684_800_000_000
 
-_XLOG_HEAD = struct.Struct(">cQQq")
+XLOG_DATA_HEADER = struct.Struct(">cQQq")
+"""XLogData's head: 'w', wal_start, wal_end, send_time (the receive loop reads it inline)."""
+XLOG_DATA_TAG = ord("w")
 _KEEPALIVE = struct.Struct(">cQqB")
 _STATUS = struct.Struct(">cQQQqB")
 
@@ -48,7 +53,7 @@ class XLogData:
     payload: memoryview | bytes
 
     def encode(self) -> bytes:
-        return _XLOG_HEAD.pack(b"w", self.wal_start, self.wal_end, self.send_time) + bytes(
+        return XLOG_DATA_HEADER.pack(b"w", self.wal_start, self.wal_end, self.send_time) + bytes(
             self.payload
         )
 
@@ -98,15 +103,15 @@ def parse_copy_data(buf: bytes | bytearray | memoryview) -> XLogData | PrimaryKe
     if not view:
         raise ProtocolError("empty CopyData message", offset=0)
     tag = view[0]
-    if tag == 0x77:  # 'w'
-        _, wal_start, wal_end, send_time = _unpack(_XLOG_HEAD, view, "XLogData", exact=False)
-        return XLogData(wal_start, wal_end, send_time, view[_XLOG_HEAD.size :])
+    if tag == XLOG_DATA_TAG:
+        _, wal_start, wal_end, send_time = _unpack(XLOG_DATA_HEADER, view, "XLogData", exact=False)
+        return XLogData(wal_start, wal_end, send_time, view[XLOG_DATA_HEADER.size :])
     if tag == 0x6B:  # 'k'
         _, wal_end, send_time, reply = _unpack(_KEEPALIVE, view, "Primary Keepalive")
         return PrimaryKeepalive(wal_end, send_time, _reply_flag(view, reply, _KEEPALIVE.size - 1))
     raise ProtocolError(
         "unknown CopyData message (expected XLogData 'w' or Primary Keepalive 'k')",
-        tag=_tag_name(tag),
+        tag=tag_name(tag),
         offset=0,
     )
 
@@ -116,13 +121,9 @@ def _view(buf: bytes | bytearray | memoryview) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _tag_name(byte: int) -> str:
-    return chr(byte) if 0x21 <= byte <= 0x7E else f"0x{byte:02x}"
-
-
 def _expect_tag(view: memoryview, tag: bytes) -> None:
     if not view or view[0] != tag[0]:
-        got = _tag_name(view[0]) if view else None
+        got = tag_name(view[0]) if view else None
         raise ProtocolError(f"expected a {tag.decode()!r} CopyData message", tag=got, offset=0)
 
 
@@ -130,7 +131,7 @@ def _unpack(
     st: struct.Struct, view: memoryview, name: str, *, exact: bool = True
 ) -> tuple[int, ...]:
     """Unpack a fixed-size frame, or with ``exact=False`` the fixed head of one."""
-    tag = _tag_name(view[0])
+    tag = tag_name(view[0])
     if len(view) < st.size:
         raise ProtocolError(
             f"truncated {name} message: needs {st.size} bytes, got {len(view)}",
@@ -147,6 +148,6 @@ def _unpack(
 def _reply_flag(view: memoryview, value: int, offset: int) -> bool:
     if value > 1:
         raise ProtocolError(
-            f"bad reply flag {value} (expected 0 or 1)", tag=_tag_name(view[0]), offset=offset
+            f"bad reply flag {value} (expected 0 or 1)", tag=tag_name(view[0]), offset=offset
         )
     return value == 1

@@ -8,8 +8,9 @@ Stream Start ... Stream Stop block (it is not on the wire outside one).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 # TupleData column kinds, as on the wire.
 KIND_NULL = 0x6E  # 'n'
@@ -18,18 +19,36 @@ KIND_TEXT = 0x74  # 't'
 KIND_BINARY = 0x62  # 'b'
 
 
+class Unchanged(enum.Enum):
+    """The value of an unchanged TOASTed column ('u'): not sent, the target keeps its
+    value. Distinct from ``None`` (SQL NULL), so a consumer that reads only
+    ``TupleData.values`` cannot take one for the other. One member, pickled by name,
+    so ``v is UNCHANGED`` holds on executors too."""
+
+    UNCHANGED = "u"
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED: Final = Unchanged.UNCHANGED
+
+ColumnValue = bytes | None | Unchanged
+"""One column of a row image: its bytes ('t'/'b'), None (NULL, 'n') or UNCHANGED ('u')."""
+
+
 @dataclass(frozen=True, slots=True)
 class TupleData:
     """One row image.
 
     ``kinds`` holds one byte per column (``b"n"``, ``b"u"``, ``b"t"``, ``b"b"``);
-    ``values[i]`` is the column's bytes for ``t``/``b`` and ``None`` for ``n``/``u``.
-    Kept as two flat sequences, not a Python object per column, because this is the
-    hot path of the decoder.
+    ``values[i]`` is the column's bytes for ``t``/``b``, ``None`` for ``n`` (NULL) and
+    :data:`UNCHANGED` for ``u``. Kept as two flat sequences, not a Python object per
+    column, because this is the hot path of the decoder.
     """
 
     kinds: bytes
-    values: tuple[bytes | None, ...]
+    values: tuple[ColumnValue, ...]
 
     def __len__(self) -> int:
         return len(self.kinds)

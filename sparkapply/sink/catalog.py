@@ -14,12 +14,12 @@ import os
 import re
 from collections.abc import Mapping
 from typing import NoReturn
-from urllib.parse import urlsplit
 
 from pyiceberg.catalog import Catalog, load_catalog
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from sparkapply import location
 from sparkapply.errors import SinkError
 
 logger = logging.getLogger(__name__)
@@ -42,14 +42,17 @@ def open_catalog(name: str, properties: Mapping[str, str]) -> Catalog:
     """Load the catalog ``name`` (pyiceberg ``load_catalog``) from ``properties``.
 
     For a SQLite catalog the database file's directory is created; a warehouse that
-    is a local path (plain or ``file://``) is created and passed on as an absolute
-    ``file://`` URI, so table locations are absolute URIs every engine can read.
+    is a local path (plain or ``file:``) is created and passed on as an absolute
+    ``file://`` location (spelled as :mod:`sparkapply.location` says), so table
+    locations are absolute and every engine can read them.
     Any failure is a :class:`SinkError` naming the catalog, with secrets masked.
     """
     props = dict(properties)
     try:
         _prepare_local_paths(props)
         catalog = load_catalog(name, **props)
+    except SinkError as exc:  # already says what to fix, and holds no secret
+        raise exc.with_context(catalog=name) from exc.__cause__
     except Exception as exc:  # a catalog can fail in any of its client libraries
         _raise_open_error(name, props, exc)
     logger.info("opened Iceberg catalog %s %s", name, mask_properties(props))
@@ -93,27 +96,20 @@ def _prepare_local_paths(props: dict[str, str]) -> None:
         try:
             database = make_url(uri).database
         except ArgumentError as exc:
-            raise ValueError(f"not a valid SQLAlchemy URL: {uri}") from exc
+            raise SinkError(
+                "the catalog uri is not a valid SQLAlchemy URL",
+                hint="write it as sqlite:///ABSOLUTE/PATH/catalog.db",
+            ) from exc
         if database and database != ":memory:" and not database.startswith("file:"):
             os.makedirs(os.path.dirname(os.path.abspath(database)), exist_ok=True)
 
     warehouse = props.get("warehouse")
     if warehouse:
-        local = _local_path(warehouse)
+        local = location.local_path(warehouse)
         if local is not None:
-            local = os.path.abspath(local)
-            os.makedirs(local, exist_ok=True)
-            props["warehouse"] = "file://" + local
-
-
-def _local_path(location: str) -> str | None:
-    """The file-system path of a local location (``/a``, ``a/b``, ``file:///a``), else None."""
-    parts = urlsplit(location)
-    if parts.scheme == "file":
-        return parts.path
-    if parts.scheme == "" or (len(parts.scheme) == 1 and os.name == "nt"):
-        return location
-    return None
+            location.check_local(warehouse, what="warehouse")
+            os.makedirs(os.path.abspath(local), exist_ok=True)
+            props["warehouse"] = location.from_path(local)
 
 
 def _raise_open_error(name: str, props: Mapping[str, str], exc: Exception) -> NoReturn:
@@ -123,8 +119,9 @@ def _raise_open_error(name: str, props: Mapping[str, str], exc: Exception) -> No
     error = SinkError(
         f"cannot open Iceberg catalog {name!r}: {scrubbed}",
         hint=(
-            "check the [iceberg] catalog properties (type, uri, warehouse) and that the "
-            f"catalog is reachable; properties used: {mask_properties(props)}"
+            "check the catalog properties in [sink.catalog] (type, uri, warehouse) and "
+            "[sink] catalog_name, and that the catalog is reachable; "
+            f"properties used: {mask_properties(props)}"
         ),
         catalog=name,
     )

@@ -94,6 +94,7 @@ from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool
 
+from sparkapply import location
 from sparkapply.errors import ErrorKind, SinkError
 from sparkapply.lsn import Lsn
 from sparkapply.sink.files import live_data_files
@@ -446,8 +447,9 @@ def _check_paths(added: Sequence[str], removed: Sequence[str]) -> None:
 
 
 def _as_table_uri(path: str, table: Table) -> str:
-    """A plain absolute path as a ``file://`` URI when the table lives on the local file
-    system, so every file of a table is recorded in one spelling other engines read."""
-    if path.startswith("/") and table.location().startswith("file:"):
-        return "file://" + path
+    """A plain absolute path as a ``file://`` location when the table lives on the local
+    file system, so every file of a table is recorded in one spelling other engines read
+    (:mod:`sparkapply.location`)."""
+    if path.startswith("/") and location.scheme(table.location()) == location.FILE_SCHEME:
+        return location.from_path(path)
     return path

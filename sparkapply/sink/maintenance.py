@@ -19,7 +19,7 @@ import logging
 
 from pyiceberg.table import Table
 
-from sparkapply.errors import SinkError
+from sparkapply.errors import SinkArgumentError, SinkError
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -31,9 +31,9 @@ def expire_snapshots(table: Table, *, older_than: dt.datetime, retain_last: int 
     were expired. One metadata commit; a concurrent commit makes it a
     :class:`SinkError` that can simply be retried later."""
     if older_than.tzinfo is None:
-        raise ValueError("older_than must be timezone-aware")
+        raise SinkArgumentError("older_than must be timezone-aware", table=table_name(table))
     if retain_last < 1:
-        raise ValueError("retain_last must be at least 1")
+        raise SinkArgumentError("retain_last must be at least 1", table=table_name(table))
     stamps = sorted(s.timestamp_ms for s in table.metadata.snapshots)
     cutoff_ms = int(older_than.timestamp() * 1000)
     if len(stamps) <= retain_last:

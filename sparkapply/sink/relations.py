@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
-from pyiceberg.types import IcebergType, ListType
+from pyiceberg.types import IcebergType
 
-from sparkapply.convert.schema import EvolutionPlan, iceberg_schema_for, plan_evolution
+from sparkapply.convert.schema import (
+    EvolutionPlan,
+    iceberg_schema_for,
+    plan_evolution,
+    widened_type,
+    widened_types,
+)
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.messages import Relation
 from sparkapply.sink.tables import TableIdentifier, apply_evolution, ensure_table
@@ -41,17 +47,7 @@ def evolve_to(
 def _widenings(table: Table, plan: EvolutionPlan) -> list[tuple[str, IcebergType]]:
     """Top-level ``(column, new type)``; a list whose element widens gets its whole
     new list type."""
-    out: list[tuple[str, IcebergType]] = []
-    for w in plan.widen:
-        if len(w.path) == 1:
-            out.append((w.path[0], w.new_type))
-            continue
-        current = table.schema().find_field(w.path[0]).field_type
-        if isinstance(current, ListType):
-            out.append(
-                (
-                    w.path[0],
-                    ListType(current.element_id, w.new_type, current.element_required),
-                )
-            )
-    return out
+    widened = widened_types(plan)
+    schema = table.schema()
+    columns = dict.fromkeys(w.path[0] for w in plan.widen)
+    return [(c, widened_type(schema.find_field(c).field_type, (c,), widened)) for c in columns]

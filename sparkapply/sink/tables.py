@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from urllib.parse import urlsplit
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -29,11 +28,11 @@ from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.name_mapping import MappedField, NameMapping, create_mapping_from_schema
 from pyiceberg.types import (
     IcebergType,
-    ListType,
     NestedField,
 )
 
-from sparkapply.convert.schema import can_widen
+from sparkapply import location
+from sparkapply.convert.schema import widenings
 from sparkapply.errors import SchemaChangeError, SinkError
 from sparkapply.lsn import Lsn
 
@@ -70,11 +69,11 @@ def data_directory(table: Table) -> str:
     file a name that is unique forever (a UUID): a name reused after a failed commit
     could collide with a file a reader still needs.
     """
-    location = table.location_provider().data_path
-    parts = urlsplit(location)
-    if parts.scheme in ("", "file"):
-        os.makedirs(parts.path if parts.scheme else location, exist_ok=True)
-    return location
+    data_path = table.location_provider().data_path
+    local = location.local_path(data_path)
+    if local is not None:
+        os.makedirs(local, exist_ok=True)
+    return data_path
 
 
 def ensure_table(
@@ -129,12 +128,26 @@ def _create(
     props = {**DEFAULT_TABLE_PROPERTIES, **(properties or {})}
     # The catalog renumbers field ids on create, so the mapping is built from the
     # schema as created, inside the same (atomic) create transaction.
-    txn = catalog.create_table_transaction(identifier, schema, properties=props)
+    txn = catalog.create_table_transaction(
+        identifier, schema, location=_table_location(catalog, identifier), properties=props
+    )
     _ensure_name_mapping(txn)
     # Another process may have created it between our load and our create: use theirs.
     with contextlib.suppress(TableAlreadyExistsError, CommitFailedException):
         txn.commit_transaction()
     return catalog.load_table(identifier)
+
+
+def _table_location(catalog: Catalog, identifier: TableIdentifier) -> str | None:
+    """The location for a new table whose name cannot be a path segment as it is
+    (``/``, ``#``, ``?``, ``%``; see :func:`sparkapply.location.path_segment`), under
+    the catalog's warehouse; None (the catalog's default) for every other name."""
+    warehouse = catalog.properties.get("warehouse")
+    namespace, name = identifier
+    if not warehouse or all(location.path_segment(n) == n for n in identifier):
+        return None
+    # pyiceberg's own default is warehouse/namespace/table: keep its layout.
+    return location.join(warehouse, location.path_segment(namespace), location.path_segment(name))
 
 
 def apply_evolution(
@@ -217,21 +230,12 @@ def apply_evolution(
 def _widening(
     table: str, field: NestedField, new_type: IcebergType, lsn: Lsn | None
 ) -> list[tuple[tuple[str, ...], IcebergType]]:
-    """The ``update_column`` calls that take ``field`` to ``new_type``; [] if none needed."""
+    """The ``update_column`` calls that take ``field`` to ``new_type``; [] if none needed
+    (also when the column is already wider: a replayed, older RELATION's values fit)."""
     old_type = field.field_type
-    if old_type == new_type:
-        return []
-    if isinstance(old_type, ListType) and isinstance(new_type, ListType):
-        old_elem, new_elem = old_type.element_type, new_type.element_type
-        if old_elem == new_elem or _is_widening(new_elem, old_elem):
-            return []
-        if _is_widening(old_elem, new_elem):
-            return [((field.name, "element"), new_elem)]
-    elif _is_widening(old_type, new_type):
-        return [((field.name,), new_type)]
-    elif _is_widening(new_type, old_type):
-        # Already wider (a replayed, older RELATION): values of the narrower type fit.
-        return []
+    found = widenings(old_type, new_type, (field.name,), field.field_id)
+    if found is not None:
+        return [(w.path, w.new_type) for w in found]
     raise SchemaChangeError(
         f"cannot change column type from {old_type} to {new_type}: Iceberg can only widen "
         "int to long, float to double and decimal(P,S) to decimal(P',S) with P' >= P",
@@ -240,12 +244,6 @@ def _widening(
         lsn=lsn,
         hint="recreate the table (or map the column to a new name) and resynchronise it",
     )
-
-
-# The type promotions of the Iceberg spec (v2), checked with our own rule rather than
-# pyiceberg's ``promote``, which also allows read-time conversions (string ↔ binary,
-# fixed → uuid) and, in 0.12, does not compare decimal scales.
-_is_widening = can_widen
 
 
 def _check_key(

@@ -9,7 +9,6 @@ server said something an operator must fix. The connection string is never logge
 from __future__ import annotations
 
 import select
-from collections.abc import Mapping
 
 import psycopg
 from psycopg import pq
@@ -24,16 +23,28 @@ SESSION_OPTIONS = (
 )
 
 
-def replication_conninfo(dsn: str, *, connect_timeout: float = 10.0) -> str:
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    extra = str(params.get("options") or "")
+def session_conninfo(
+    dsn: str, *, application_name: str | None = None, options: str = "", **params: str
+) -> str:
+    """``dsn`` with what every sparkapply session needs: UTF8, :data:`SESSION_OPTIONS`
+    after the user's own ``options`` (then ``options``), and ``application_name``
+    (default: the user's, else "sparkapply"); ``params`` are further keywords."""
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    all_options = " ".join(
+        o for o in (str(given.get("options") or ""), SESSION_OPTIONS, options) if o
+    )
     return psycopg.conninfo.make_conninfo(
         dsn,
-        replication="database",
         client_encoding="UTF8",
-        application_name=str(params.get("application_name") or "sparkapply"),
-        options=(extra + " " + SESSION_OPTIONS).strip(),
-        connect_timeout=str(max(1, int(connect_timeout))),
+        application_name=application_name or str(given.get("application_name") or "sparkapply"),
+        options=all_options,
+        **params,
+    )
+
+
+def replication_conninfo(dsn: str, *, connect_timeout: float = 10.0) -> str:
+    return session_conninfo(
+        dsn, replication="database", connect_timeout=str(max(1, int(connect_timeout)))
     )
 
 
@@ -64,7 +75,6 @@ class ReplicationConnection:
             )
         self._pgconn = pgconn
         self.server_version: int = pgconn.server_version
-        self._in_copy = False
 
     @property
     def where(self) -> str:
@@ -116,7 +126,6 @@ class ReplicationConnection:
                 raise ConnectionLostError(f"no answer to START_REPLICATION from {self._where}")
             self._raise_from(res, "START_REPLICATION")
         self._pgconn.nonblocking = 1
-        self._in_copy = True
 
     # -- COPY BOTH -------------------------------------------------------------------
 
@@ -165,7 +174,6 @@ class ReplicationConnection:
             ) from exc
 
     def _copy_ended(self) -> None:
-        self._in_copy = False
         res = self._pgconn.get_result()
         if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
             self._raise_from(res, "replication stream")
@@ -178,12 +186,3 @@ class ReplicationConnection:
                 select.select([], [self._pgconn.socket], [], 1.0)
         except psycopg.OperationalError as exc:
             raise ConnectionLostError(f"cannot write to {self._where}: {exc}") from exc
-
-
-def server_settings(conn: ReplicationConnection, names: Mapping[str, str]) -> dict[str, str]:
-    """``SHOW`` each setting (the replication protocol accepts SHOW)."""
-    out = {}
-    for key, name in names.items():
-        rows = conn.execute(f"SHOW {name}")
-        out[key] = str(next(iter(rows[0].values()))) if rows else ""
-    return out

@@ -1,6 +1,10 @@
 """What to ask the publisher for, by server version, and the commands that ask it.
 
-Pure: builds replication commands with every identifier and literal quoted.
+Pure: builds replication commands with every identifier and literal quoted. SQL sent
+on ordinary connections is composed with ``psycopg.sql`` instead; replication commands
+need :func:`quote_literal` because the walsender's grammar knows only standard
+``'...'`` strings, while ``psycopg.sql.Literal`` renders a value holding a backslash
+as an ``E'...'`` string that grammar rejects.
 """
 
 from __future__ import annotations
@@ -8,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkapply.errors import ServerVersionError
+from psycopg import sql
+
+from sparkapply.errors import ConfigError, ServerVersionError
 from sparkapply.lsn import Lsn
 
 MIN_SERVER_VERSION = 140000
@@ -37,12 +43,17 @@ def negotiate(server_version: int) -> Protocol:
 
 
 def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+    """``name`` as a quoted identifier (psycopg's rule: doubled quotes)."""
+    return sql.Identifier(name).as_string()
 
 
 def quote_literal(value: str) -> str:
+    """``value`` as a standard string literal for a replication command."""
     if "\x00" in value:
-        raise ValueError("NUL in a literal")
+        raise ConfigError(
+            "a replication command cannot hold a NUL character",
+            hint="check the slot, publication and origin names in [source]",
+        )
     return "'" + value.replace("'", "''") + "'"
 
 
@@ -63,9 +74,7 @@ def start_replication_command(
     ]
     if protocol.two_phase:
         options.append(("two_phase", "on"))
-    if protocol.proto_version >= 3:  # 'origin' exists since PostgreSQL 16 / proto 4
-        pass
-    if protocol.proto_version >= 4:
+    if protocol.proto_version >= 4:  # 'origin' exists since PostgreSQL 16 / proto 4
         options.append(("origin", origin))
     rendered = ", ".join(f"{quote_ident(k)} {quote_literal(v)}" for k, v in options)
     return f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {start} ({rendered})"

@@ -15,7 +15,7 @@ import psycopg
 from sparkapply.errors import PublicationError, ReplicaIdentityError, SlotError, SourceError
 from sparkapply.lsn import Lsn
 from sparkapply.source.connection import ReplicationConnection, describe_dsn
-from sparkapply.source.negotiation import Protocol, create_slot_command, negotiate
+from sparkapply.source.negotiation import Protocol, create_slot_command, negotiate, quote_literal
 
 SLOT_RELEASE_WAIT = 30.0  # seconds to wait for a slot held by a vanished consumer
 
@@ -113,7 +113,7 @@ def ensure_slot(
     """Find the slot (pgoutput, this database, not in use) or create it."""
     query = (
         "SELECT plugin, slot_type, database, active_pid, confirmed_flush_lsn, two_phase "
-        f"FROM pg_replication_slots WHERE slot_name = {_literal(slot)}"
+        f"FROM pg_replication_slots WHERE slot_name = {quote_literal(slot)}"
     )
     rows = conn.execute(query)
     # After a crash the server may not yet have noticed that our previous walsender's
@@ -165,7 +165,3 @@ def ensure_slot(
         consistent_point=point,
         snapshot_name=res[0].get("snapshot_name"),
     )
-
-
-def _literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"

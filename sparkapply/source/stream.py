@@ -9,13 +9,14 @@ out while Spark or Iceberg is busy: those run on other threads, this loop keeps 
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 
 from sparkapply.errors import ProtocolError
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.frames import (
+    XLOG_DATA_HEADER,
+    XLOG_DATA_TAG,
     PrimaryKeepalive,
     StandbyStatusUpdate,
     parse_copy_data,
@@ -25,8 +26,6 @@ from sparkapply.source.connection import ReplicationConnection
 
 log = logging.getLogger(__name__)
 
-_XLOG_HEAD = struct.Struct("!cQQq")  # 'w', wal_start, wal_end, send_time
-_TAG_W = ord("w")
 STATUS_MIN_INTERVAL = 0.2  # seconds between status updates sent because a position moved
 
 
@@ -37,7 +36,6 @@ class ReplicationStream:
         self._lock = threading.Lock()
         self._flush_lsn = Lsn(0)
         self.last_received = Lsn(0)  # highest wal_end seen in XLogData or keepalive
-        self.last_keepalive_end = Lsn(0)
         self._last_status = 0.0
         self._reported = Lsn(0)
         self._reported_write = Lsn(0)
@@ -67,10 +65,10 @@ class ReplicationStream:
         self._maybe_send_status()
         out: list[tuple[int, memoryview]] = []
         raw = self.conn.read_copy_data(min(timeout, 1.0))
-        head = _XLOG_HEAD
+        head = XLOG_DATA_HEADER
         last = int(self.last_received)
         while raw is not None:
-            if len(raw) >= head.size and raw[0] == _TAG_W:
+            if len(raw) >= head.size and raw[0] == XLOG_DATA_TAG:
                 _, wal_start, wal_end, _ = head.unpack_from(raw)
                 if wal_end > last:
                     last = wal_end
@@ -94,7 +92,6 @@ class ReplicationStream:
         if isinstance(frame, PrimaryKeepalive):
             if frame.wal_end > self.last_received:
                 self.last_received = Lsn(frame.wal_end)
-            self.last_keepalive_end = Lsn(frame.wal_end)
             if frame.reply_requested:
                 self.send_status()
         else:  # an XLogData too short for its header: parse_copy_data said so

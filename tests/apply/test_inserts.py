@@ -70,9 +70,11 @@ def test_column_wise_equals_row_wise(tmp_path: Path) -> None:
         delete_files=(),
         writer=TableWriter(str(tmp_path / "b"), SCHEMA),
     )
-    read = lambda paths: pa.concat_tables(  # noqa: E731
-        [pq.read_table(p.removeprefix("file://")) for p in paths]
-    ).sort_by("id")
+
+    def read(paths: list[str]) -> pa.Table:
+        tables = [pq.read_table(p.removeprefix("file://")) for p in paths]
+        return pa.concat_tables(tables).sort_by("id")
+
     a, b = read(fast.added), read(slow.added)
     assert n == delta.n_changes == 2999 - 30 + 1000
     assert a.num_rows == n

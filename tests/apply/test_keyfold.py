@@ -41,12 +41,12 @@ Row = dict[str, object]
 
 
 def tup(row: Row, width: int, unchanged: frozenset[str] = frozenset()) -> m.TupleData:
-    vals: list[bytes | None] = []
+    vals: list[m.ColumnValue] = []
     kinds = b""
     for name in ("id", "name", "qty", "extra")[:width]:
         v = row.get(name)
         if name in unchanged:  # unchanged TOAST: no value sent
-            vals.append(None)
+            vals.append(m.UNCHANGED)
             kinds += b"u"
             continue
         vals.append(None if v is None else str(v).encode())
@@ -150,7 +150,7 @@ def result_rows(
     out: dict[int, Row] = {}
     for r in rows:
         assert r["id"] not in out, f"key {r['id']} is live twice"
-        out[r["id"]] = r  # type: ignore[index]
+        out[r["id"]] = r
     return out
 
 
@@ -214,7 +214,7 @@ def test_vectorised_and_row_wise_folds_agree_with_the_model(seed: int, tmp_path:
 
 def test_a_key_change_with_unchanged_toast_needs_the_row_wise_fold(tmp_path: Path) -> None:
     w = SpoolWriter(tmp_path / "s.spool")
-    new = m.TupleData(b"tut", (b"2", None, b"5"))
+    new = m.TupleData(b"tut", (b"2", m.UNCHANGED, b"5"))
     w.append(encode(m.Update(None, 7, "K", key_tup(1, 3), new)), False)
     w.flush()
     txn = TxnInput(0, 10, 100, (w.segment(0),), (V1,))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkapply.changes import spool
-from sparkapply.changes.spool import SpoolWriter, read_records
+from sparkapply.changes.spool import SpoolDirectory, SpoolWriter, read_records
 from sparkapply.errors import StateError
 
 
@@ -57,3 +57,32 @@ def test_a_cut_record_is_an_error(tmp_path: Path) -> None:
     bad = type(seg)(seg.path, 0, seg.end - 2)
     with pytest.raises(StateError, match="truncated spool record"):
         list(read_records(bad))
+
+
+def test_spool_directory_rotates_and_counts_references(tmp_path: Path) -> None:
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "spool" / "debris.spool").write_bytes(b"x")  # from an earlier session
+    spool = SpoolDirectory(tmp_path / "spool", rotate_bytes=10)
+    assert list(spool.root.iterdir()) == []
+    first = spool.shared()
+    assert spool.shared() is first  # nothing appended: no rotation
+    first.append(b"0123456789", False)
+    spool.hold(str(first.path))
+    spool.hold(str(first.path))
+    second = spool.shared()  # past rotate_bytes: a new file; the old one is held
+    assert second is not first and first.path.exists()
+    spool.release(str(first.path))
+    assert first.path.exists()
+    spool.release(str(first.path))
+    assert not first.path.exists()
+    # The current shared file survives its last release; it goes at rotation.
+    second.append(b"0123456789", False)
+    spool.hold(str(second.path))
+    spool.release(str(second.path))
+    assert second.path.exists()
+    spool.shared()
+    assert not second.path.exists()
+    stream = spool.new_stream(7)
+    assert spool.is_stream(stream) and not spool.is_stream(spool.shared())
+    spool.discard(stream)
+    assert not stream.path.exists()

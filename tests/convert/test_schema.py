@@ -36,9 +36,13 @@ from sparkapply.convert.schema import (
     WidenColumn,
     can_widen,
     evolved_schema,
+    iceberg_identifier,
     iceberg_schema_for,
     identifier_columns,
     plan_evolution,
+    relation_identifier,
+    source_identifier,
+    table_name,
 )
 from sparkapply.convert.types import relation_columns
 from sparkapply.convert.values import arrow_schema, to_arrow_table
@@ -409,3 +413,15 @@ def test_converted_parquet_is_readable_through_iceberg(catalog: SqlCatalog, tmp_
     assert back.schema.field("u").type == pa.uuid()
     assert back.num_rows == 4
     assert back.slice(0, 2).to_pylist() == data.to_pylist()
+
+
+def test_relation_to_iceberg_identifier() -> None:
+    rel = Relation(None, 1, "Sales Dept", "Order-Items", "d", ())
+    catalog_rel = Relation(None, 2, "", "pg_class", "d", ())
+    assert source_identifier(rel) == ("Sales Dept", "Order-Items")
+    assert source_identifier(catalog_rel) == ("pg_catalog", "pg_class")
+    assert table_name(catalog_rel) == "pg_catalog.pg_class"
+    assert relation_identifier(rel, {}) == ("Sales Dept", "Order-Items")
+    mapping = {"Sales Dept.Order-Items": "sales.order_items.v2"}
+    assert relation_identifier(rel, mapping) == ("sales", "order_items.v2")
+    assert iceberg_identifier("public", "t", mapping) == ("public", "t")

@@ -104,7 +104,7 @@ def execute(mirror: Mirror, rnd: random.Random, txns: list[list[str]]) -> None:
                 # A savepoint rolled back: its changes must not reach Iceberg.
                 conn.execute("BEGIN")
                 for s in stmts:
-                    conn.execute(s)  # type: ignore[arg-type]
+                    conn.execute(s)
                 conn.execute("SAVEPOINT sp")
                 conn.execute("UPDATE kv SET name = 'rolled back'")
                 conn.execute("ROLLBACK TO SAVEPOINT sp")
@@ -113,13 +113,13 @@ def execute(mirror: Mirror, rnd: random.Random, txns: list[list[str]]) -> None:
                 gid = f"g{rnd.randint(0, 10**9)}"
                 conn.execute("BEGIN")
                 for s in stmts:
-                    conn.execute(s)  # type: ignore[arg-type]
-                conn.execute(f"PREPARE TRANSACTION '{gid}'")  # type: ignore[arg-type]
-                conn.execute(f"COMMIT PREPARED '{gid}'")  # type: ignore[arg-type]
+                    conn.execute(s)
+                conn.execute(f"PREPARE TRANSACTION '{gid}'")
+                conn.execute(f"COMMIT PREPARED '{gid}'")
             else:
                 conn.execute("BEGIN")
                 for s in stmts:
-                    conn.execute(s)  # type: ignore[arg-type]
+                    conn.execute(s)
                 conn.execute("COMMIT")
 
 

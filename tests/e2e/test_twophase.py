@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.conftest import PgServer
 from tests.mirror import Mirror
@@ -15,8 +16,8 @@ def _prepare(dsn: str, gid: str, *statements: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("BEGIN")
         for s in statements:
-            conn.execute(s)  # type: ignore[arg-type]
-        conn.execute(f"PREPARE TRANSACTION '{gid}'")  # type: ignore[arg-type]
+            conn.execute(s)
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
 
 
 def test_prepared_commit_rollback_empty_reused_gid(mirror: Mirror) -> None:

@@ -61,7 +61,14 @@ def negotiations() -> st.SearchStrategy[tuple[int, Streaming]]:
 @st.composite
 def tuple_data(draw: st.DrawFn, max_columns: int = 8) -> m.TupleData:
     kinds = draw(st.lists(st.sampled_from(b"ntub"), max_size=max_columns))
-    vals = tuple(draw(values) if k in (m.KIND_TEXT, m.KIND_BINARY) else None for k in kinds)
+    vals = tuple(
+        draw(values)
+        if k in (m.KIND_TEXT, m.KIND_BINARY)
+        else m.UNCHANGED
+        if k == m.KIND_UNCHANGED
+        else None
+        for k in kinds
+    )
     return m.TupleData(bytes(kinds), vals)
 
 

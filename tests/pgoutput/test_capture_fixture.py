@@ -121,7 +121,7 @@ def check_representative(header: dict[str, Any], msgs: Sequence[m.Message]) -> N
     assert ins[1].new == m.TupleData(b"tnnnnn", (b"2", None, None, None, None, None))
     u_toast, u_key, u_full, u_plain = _of(msgs, m.Update)
     assert u_toast.old is None and u_toast.new.kinds == b"tttttu"
-    assert u_toast.new.values[4:] == (b"4", None) and u_toast.new.is_unchanged(5)
+    assert u_toast.new.values[4:] == (b"4", m.UNCHANGED) and u_toast.new.is_unchanged(5)
     assert u_key.old_kind == "K" and u_key.old.values[0] == b"2" and u_key.old.kinds == b"tnnnnn"
     assert u_key.new.values[0] == b"10"
     assert (u_full.old_kind, u_full.old.values, u_full.new.values) == (

@@ -14,7 +14,7 @@ import pytest
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput import Decoder, decode_message, encode
 from sparkapply.pgoutput import messages as m
-from sparkapply.pgoutput.decoder import _fast_constructor
+from sparkapply.pgoutput._wire import _fast_constructor
 from sparkapply.pgoutput.encoder import encode_tuple
 
 
@@ -47,14 +47,18 @@ def cstr(s: str) -> bytes:
 
 
 def tup(*cols: bytes | None, kinds: bytes | None = None) -> tuple[bytes, m.TupleData]:
-    """Wire bytes and value of a TupleData; None is NULL unless ``kinds`` says 'u'."""
+    """Wire bytes and value of a TupleData; None is NULL unless ``kinds`` says 'u'
+    (then the value is UNCHANGED, distinct from NULL)."""
     kinds = kinds or bytes(b"n"[0] if c is None else b"t"[0] for c in cols)
     out = u16(len(cols))
     for k, c in zip(kinds, cols, strict=True):
         out += bytes((k,))
         if c is not None:
             out += i32(len(c)) + c
-    return out, m.TupleData(kinds, cols)
+    values = tuple(
+        m.UNCHANGED if k == m.KIND_UNCHANGED else c for k, c in zip(kinds, cols, strict=True)
+    )
+    return out, m.TupleData(kinds, values)
 
 
 LSN1, LSN2, LSN3 = 0x16_B374D848, 0x16_B374D900, 0x17_00000000
@@ -259,7 +263,7 @@ def test_values_are_bytes_not_views() -> None:
 def test_memoryview_of_other_formats_and_offsets() -> None:
     wire = b"I" + u32(1) + b"N" + KEY_WIRE
     dec = Decoder()
-    assert dec.decode(memoryview(wire).cast("c")) == m.Insert(None, 1, KEY)  # type: ignore[arg-type]
+    assert dec.decode(memoryview(wire).cast("c")) == m.Insert(None, 1, KEY)  # type: ignore[arg-type]  # a view of another format
     assert dec.decode(memoryview(b"xx" + wire)[2:]) == m.Insert(None, 1, KEY)
 
     class Sub(bytes):
@@ -270,7 +274,7 @@ def test_memoryview_of_other_formats_and_offsets() -> None:
 
 def test_not_bytes_like_is_a_type_error() -> None:
     with pytest.raises(TypeError):
-        Decoder().decode("I")  # type: ignore[arg-type]
+        Decoder().decode("I")  # type: ignore[arg-type]  # the wrong type, on purpose
 
 
 # -- errors ------------------------------------------------------------------------
@@ -738,7 +742,7 @@ def test_constructor_normalizes_and_validates() -> None:
     assert "in_stream=True" in repr(Decoder(in_stream=True))
     for proto in (0, 5, True, "4", 4.0):
         with pytest.raises(ValueError, match="proto_version"):
-            Decoder(proto)  # type: ignore[arg-type]
+            Decoder(proto)  # type: ignore[arg-type]  # the wrong type, on purpose
     with pytest.raises(ValueError, match="streaming"):
         Decoder(4, "yes")
     with pytest.raises(ValueError, match="in_stream=True needs streaming"):
@@ -766,7 +770,7 @@ def test_fast_constructor_builds_equal_objects() -> None:
     )
     assert upd == m.Update(1, 2, "K", td, td)
     with pytest.raises(AttributeError):
-        upd.xid = 3  # type: ignore[misc]
+        upd.xid = 3  # type: ignore[misc]  # frozen: the assignment must fail
 
 
 def test_fast_constructor_falls_back_for_unusual_classes() -> None:
@@ -808,7 +812,7 @@ def test_encoder_refuses_what_it_cannot_write() -> None:
     with pytest.raises(ValueError, match="old_kind"):
         encode(m.Update(None, 1, "K", None, KEY))
     with pytest.raises(ValueError, match="old_kind"):
-        encode(m.Delete(None, 1, "X", KEY))  # type: ignore[arg-type]
+        encode(m.Delete(None, 1, "X", KEY))  # type: ignore[arg-type]  # a bad kind, on purpose
     with pytest.raises(ValueError, match="needs a value"):
         encode_tuple(m.TupleData(b"t", (None,)))
     with pytest.raises(ValueError, match="carries no value"):
@@ -820,7 +824,7 @@ def test_encoder_refuses_what_it_cannot_write() -> None:
     with pytest.raises(ValueError, match="one character"):
         encode(m.Relation(None, 1, "", "t", "dd", ()))
     with pytest.raises(TypeError, match="not a pgoutput message"):
-        encode(object())  # type: ignore[arg-type]
+        encode(object())  # type: ignore[arg-type]  # not a message, on purpose
     with pytest.raises(ValueError, match="proto_version"):
         encode(m.StreamStop(), proto_version=9)
 
@@ -831,3 +835,19 @@ def test_encoder_can_build_bytes_the_decoder_rejects() -> None:
         decode_message(encode(m.Commit(1, 2, 3, 4)))
     with pytest.raises(ProtocolError, match="bad replica identity"):
         decode_message(encode(m.Relation(None, 1, "", "t", "x", ())))
+
+
+def test_unchanged_toast_is_an_explicit_value_distinct_from_null() -> None:
+    import pickle
+
+    wire = b"U" + u32(1) + b"N" + tup(b"1", None, None, kinds=b"tnu")[0]
+    got = Decoder().decode(wire)
+    assert isinstance(got, m.Update)
+    assert got.new.values == (b"1", None, m.UNCHANGED)
+    assert got.new.values[1] is None and got.new.values[2] is m.UNCHANGED
+    assert got.new.is_null(1) and got.new.is_unchanged(2)
+    assert pickle.loads(pickle.dumps(got.new.values[2])) is m.UNCHANGED  # on executors too
+    big = memoryview(b"U" + u32(1) + b"N" + tup(b"x" * 20000, None, kinds=b"tu")[0])
+    got_big = Decoder().decode(big)  # the in-place path
+    assert isinstance(got_big, m.Update) and got_big.new.values[1] is m.UNCHANGED
+    assert encode(got) == wire

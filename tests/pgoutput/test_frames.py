@@ -135,4 +135,4 @@ def test_pg_now_micros() -> None:
 def test_frames_are_frozen() -> None:
     ka = PrimaryKeepalive(1, 2, False)
     with pytest.raises(AttributeError):
-        ka.wal_end = 5  # type: ignore[misc]
+        ka.wal_end = 5  # type: ignore[misc]  # frozen: the assignment must fail

@@ -81,10 +81,16 @@ def oid(conn: psycopg.Connection[Any], expr: str) -> int:
 
 
 def tup(*values: bytes | None, kinds: bytes | None = None) -> m.TupleData:
-    """Expected TupleData: text values, ``None`` for NULL (or ``kinds`` given)."""
+    """Expected TupleData: text values, ``None`` for NULL (or ``kinds`` given; a 'u'
+    column's value is UNCHANGED)."""
     if kinds is None:
         kinds = bytes(m.KIND_NULL if v is None else m.KIND_TEXT for v in values)
-    return m.TupleData(kinds, tuple(values))
+    return m.TupleData(
+        kinds,
+        tuple(
+            m.UNCHANGED if k == m.KIND_UNCHANGED else v for k, v in zip(kinds, values, strict=True)
+        ),
+    )
 
 
 def split_transactions(msgs: Sequence[m.Message]) -> Iterator[list[m.Message]]:
@@ -612,7 +618,8 @@ def test_streamed_commit_with_subtransaction_aborts(pg_dsn: str) -> None:
         assert ab.abort_lsn is not None and ab.abort_time is not None
         assert before_abort < ab.abort_lsn <= after_abort
         assert t0 <= ab.abort_time <= commit.commit_time
-    assert abort_b.abort_lsn < abort_a.abort_lsn  # type: ignore[operator]
+    assert abort_b.abort_lsn is not None and abort_a.abort_lsn is not None
+    assert abort_b.abort_lsn < abort_a.abort_lsn
     assert commit.xid == top and commit.flags == 0
     assert after_abort < commit.commit_lsn < commit.end_lsn
     assert t0 <= commit.commit_time <= t1

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sparkapply.errors import SinkError
+from sparkapply.errors import LocationError, SinkError
 from sparkapply.sink import mask_properties, open_catalog
 
 SECRET = "hunter2-s3cr3t"
@@ -97,3 +97,28 @@ def test_mask_properties() -> None:
         "rest.sigv4-enabled": "true",
         "warehouse": "s3://bucket/wh",
     }
+
+
+def test_hint_names_the_real_config_keys(tmp_path: Path) -> None:
+    with pytest.raises(SinkError) as info:
+        open_catalog("broken", {"type": "sql", "warehouse": str(tmp_path)})
+    hint = info.value.hint or ""
+    assert "[sink.catalog]" in hint and "[sink] catalog_name" in hint
+    assert "[iceberg]" not in hint
+
+
+def test_warehouse_with_spaces_brackets_and_non_ascii(tmp_path: Path) -> None:
+    warehouse = tmp_path / "wörk [0] x" / "warehouse"
+    catalog = open_catalog(
+        "t", {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": str(warehouse)}
+    )
+    assert warehouse.is_dir()
+    assert catalog.properties["warehouse"] == f"file://{warehouse}"
+
+
+def test_warehouse_that_readers_cannot_parse_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(LocationError, match="warehouse") as info:
+        open_catalog(
+            "t", {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": "/tmp/a#b"}
+        )
+    assert info.value.context["catalog"] == "t"

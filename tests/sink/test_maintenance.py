@@ -46,3 +46,12 @@ def test_expiry_arguments(orders: Table) -> None:
         expire_snapshots(orders, older_than=dt.datetime(2000, 1, 1))
     with pytest.raises(ValueError, match="retain_last"):
         expire_snapshots(orders, older_than=NOW, retain_last=0)
+
+
+def test_expiry_argument_errors_are_sink_errors_naming_the_table(orders: Table) -> None:
+    from sparkapply.errors import SinkArgumentError, SinkError
+
+    with pytest.raises(SinkArgumentError) as info:
+        expire_snapshots(orders, older_than=dt.datetime(2000, 1, 1))
+    assert isinstance(info.value, SinkError) and isinstance(info.value, ValueError)
+    assert info.value.context["table"] == "public.orders"

@@ -10,6 +10,7 @@ from pyiceberg.types import (
     DecimalType,
     DoubleType,
     FloatType,
+    IcebergType,
     IntegerType,
     ListType,
     LongType,
@@ -17,6 +18,7 @@ from pyiceberg.types import (
 )
 
 from sparkapply.errors import SchemaChangeError
+from sparkapply.location import path_segment
 from sparkapply.lsn import Lsn
 from sparkapply.sink import apply_evolution, commit_files, ensure_table, read_table
 from sparkapply.sink.tables import NAME_MAPPING_PROPERTY
@@ -91,10 +93,11 @@ def test_widened_column_reads_old_and_new_files(catalog: Catalog, orders: Table)
 
 
 def test_evolution_is_idempotent(orders: Table) -> None:
-    plan = {"add_columns": [("status", StringType())], "widen": [("qty", LongType())]}
-    assert apply_evolution(orders, **plan)  # type: ignore[arg-type]
+    add: list[tuple[str, IcebergType]] = [("status", StringType())]
+    widen: list[tuple[str, IcebergType]] = [("qty", LongType())]
+    assert apply_evolution(orders, add_columns=add, widen=widen)
     schema_id = orders.schema().schema_id
-    assert not apply_evolution(orders, **plan)  # type: ignore[arg-type]
+    assert not apply_evolution(orders, add_columns=add, widen=widen)
     # A replayed older RELATION (int again) against the widened table is a no-op too.
     assert not apply_evolution(orders, widen=[("qty", IntegerType())])
     assert orders.schema().schema_id == schema_id
@@ -176,3 +179,21 @@ def test_evolution_gives_a_table_without_mapping_a_complete_one(
     table = catalog.load_table(ORDERS)
     assert apply_evolution(table, add_columns=[("status", StringType())])
     assert mapping_names(table) == {f.name: f.field_id for f in table.schema().fields}
+
+
+def test_table_location_keeps_names_that_are_safe_path_segments(catalog: Catalog) -> None:
+    table = ensure_table(catalog, ("Sales Dept", "Order-Items"), orders_schema())
+    warehouse = catalog.properties["warehouse"]
+    assert table.location() == f"{warehouse}/Sales Dept/Order-Items"
+
+
+def test_table_location_of_names_that_cannot_be_path_segments(catalog: Catalog) -> None:
+    a = ensure_table(catalog, ("s#1", "a/b"), orders_schema())
+    b = ensure_table(catalog, ("s#1", "a_b"), orders_schema())
+    warehouse = catalog.properties["warehouse"]
+    assert a.location() == f"{warehouse}/{path_segment('s#1')}/{path_segment('a/b')}"
+    assert "#" not in a.location() and a.location().count("/") == warehouse.count("/") + 2
+    assert b.location() != a.location()  # a_b is safe and kept; a/b is not
+    path = write_data_file(a, to_arrow([order(1)]))
+    commit_files(a, added=[path], lsn=Lsn(10))
+    assert read_table(catalog.load_table(("s#1", "a/b"))).num_rows == 1
