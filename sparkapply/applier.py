@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,7 @@ class BatchStats:
     rows_written: int = 0
     rows_removed: int = 0
     skipped: int = 0
+    commit_seconds: float = 0.0  # the Iceberg commits of the batch, all tables
     results: list[TableResult] = field(default_factory=list)
 
 
@@ -89,8 +91,6 @@ class Applier:
         self._tables: dict[TableIdent, Table] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
         self.retain_snapshots = retain_snapshots
-        # Called with each batch before it is planned (the copy of new tables).
-        self.before_apply: Callable[[Sequence[CommittedTxn]], None] | None = None
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
         schema = rel.namespace or "pg_catalog"
@@ -109,8 +109,6 @@ class Applier:
         self._applied.pop(ident, None)
 
     def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
-        if self.before_apply is not None:
-            self.before_apply(batch)
         stats = BatchStats(transactions=len(batch))
         # Relation versions in apply order, and which table each relation id is.
         versions: dict[tuple[str, str], list[tuple[m.Relation, Lsn]]] = {}
@@ -183,6 +181,7 @@ class Applier:
             assert err is not None
             raise err
         failpoint("before-commit")
+        commit_started = time.monotonic()
         for r in results:
             table, ident, base = planned[r.table]
             try:
@@ -204,6 +203,7 @@ class Applier:
             stats.changes += r.n_changes
             stats.rows_written += r.rows_written
             stats.rows_removed += r.rows_removed
+        stats.commit_seconds = time.monotonic() - commit_started
         stats.results = results
         return stats
 

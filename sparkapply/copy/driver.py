@@ -91,7 +91,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,8 +179,8 @@ class TableCopier:
     Call order: :meth:`before_streaming` once per replication session, on the
     connection that will stream, before START_REPLICATION; then, from the apply thread
     only, :meth:`before_batch` before each batch and :meth:`refresh` when :meth:`due`.
-    ``on_copied`` is told each Iceberg table a copy committed, so that the applier
-    drops what it cached about it.
+    :meth:`take_copied` returns the Iceberg tables copies committed since the last
+    call: the caller tells whatever caches tables (the applier) to drop them.
     """
 
     def __init__(
@@ -197,7 +197,7 @@ class TableCopier:
         self.catalog = catalog
         self.check_interval = check_interval
         self.slice_bytes = slice_bytes
-        self.on_copied: Callable[[tuple[str, str]], None] | None = None
+        self._copied: list[tuple[str, str]] = []  # committed since take_copied()
         self.reports: list[CopyReport] = []
         self._known: set[tuple[str, str]] = set()  # copied, or not ours to copy
         self._last_check = time.monotonic()
@@ -209,6 +209,11 @@ class TableCopier:
             ns, table = mapped.split(".", 1)
             return ns, table
         return schema, name
+
+    def take_copied(self) -> list[tuple[str, str]]:
+        """Iceberg tables a copy committed to since the last call (oldest first)."""
+        out, self._copied = self._copied, []
+        return out
 
     # -- session start -----------------------------------------------------------------
 
@@ -506,8 +511,7 @@ class TableCopier:
             report.rows[".".join(p.ident)] = rows
             report.bytes += sum(r.bytes for r in mine)
             self._known.add(p.source.key)
-            if self.on_copied is not None:
-                self.on_copied(p.ident)
+            self._copied.append(p.ident)
         return errors
 
     # -- helpers -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import psycopg
 from psycopg import pq
 
-from sparkapply.errors import ConnectionLostError, SourceError
+from sparkapply.errors import ConnectionLostError, PrivilegeError, SourceError
 
 # As PostgreSQL's own walreceiver sets them, so the text output of every type is
 # stable and lossless whatever the server's defaults are.
@@ -57,6 +57,12 @@ class ReplicationConnection:
         if pgconn.status != pq.ConnStatus.OK:
             msg = pgconn.error_message.decode(errors="replace").strip()
             pgconn.finish()
+            if "permission denied to start WAL sender" in msg:
+                # No retry fixes a missing privilege: stop and say what to grant.
+                raise PrivilegeError(
+                    f"cannot open a replication connection to {self._where}: {msg}",
+                    hint="as a superuser on the publisher: ALTER ROLE <user> WITH REPLICATION",
+                )
             raise ConnectionLostError(
                 f"cannot open a replication connection to {self._where}: {msg}",
                 hint="check [source] dsn, pg_hba.conf (a 'replication' line is not needed "
