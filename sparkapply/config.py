@@ -81,6 +81,14 @@ class Config:
     apply: ApplyConfig = field(default_factory=ApplyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
+    def table_identifier(self, schema: str, table: str) -> tuple[str, str]:
+        """The Iceberg identifier of a published table (``[sink.tables]`` renames)."""
+        mapped = self.sink.tables.get(f"{schema}.{table}")
+        if mapped:
+            ns, name = mapped.split(".", 1)
+            return ns, name
+        return schema, table
+
     def catalog_properties(self) -> dict[str, str]:
         wd = str(self.work_dir)
         return {k: v.replace("{work_dir}", wd) for k, v in self.sink.catalog.items()}

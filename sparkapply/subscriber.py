@@ -339,14 +339,10 @@ class _ApplyJob:
         except SparkapplyError:
             raise
         except Exception as exc:
-            if not _is_spark_failure(exc):
+            lost = spark_job_error(exc)
+            if lost is None:
                 raise
-            first = (str(exc).strip().splitlines() or [""])[0][:500]
-            raise SparkJobError(
-                f"the batch's Spark job failed: {type(exc).__name__}: {first}",
-                hint="nothing of the batch was committed or acknowledged; it is applied "
-                "again from the spool when the session starts again",
-            ) from exc
+            raise lost from exc
         return stats, time.monotonic() - started
 
     def refresh(self) -> None:
@@ -358,11 +354,19 @@ class _ApplyJob:
             self.applier.forget(ident)
 
 
-def _is_spark_failure(exc: BaseException) -> bool:
-    """A failure of Spark itself (Py4J, a lost executor, a cancelled job), as opposed to
-    a bug in our driver code. Our task code returns its errors as values."""
+def spark_job_error(exc: BaseException) -> SparkJobError | None:
+    """A failure of Spark itself (Py4J, a lost executor or Python worker, a cancelled
+    job) as a transient error; None for anything else (a bug in our driver code). Our
+    task code returns its own errors as values, so they never arrive here."""
     module = type(exc).__module__ or ""
-    return module.startswith(("py4j", "pyspark"))
+    if not module.startswith(("py4j", "pyspark")):
+        return None
+    first = (str(exc).strip().splitlines() or [""])[0][:500]
+    return SparkJobError(
+        f"the batch's Spark job failed: {type(exc).__name__}: {first}",
+        hint="nothing of the batch was committed or acknowledged; it is applied again "
+        "from the publisher's stream when the session starts again",
+    )
 
 
 def _outcome(fut: Future[tuple[BatchStats, float]], batch: Batch) -> tuple[BatchStats, float]:
