@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from sparkapply.config import MetricsConfig
+from sparkapply.errors import ConfigError
 from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
 from sparkapply.workdir import pending_prepared, spool_bytes
 
@@ -106,9 +107,17 @@ class Metrics:
         """Start the endpoint if configured; returns the bound port."""
         if self.config.port is None:
             return None
-        server, thread = start_http_server(
-            self.config.port, addr=self.config.host, registry=self.registry
-        )
+        try:
+            server, thread = start_http_server(
+                self.config.port, addr=self.config.host, registry=self.registry
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve metrics on {self.config.host}:{self.config.port}: {exc}",
+                key="metrics.port",
+                hint="choose a free port (another sparkapply may use this one), or leave "
+                "[metrics] port out",
+            ) from exc
         self._server, self._thread = server, thread
         port = int(server.server_port)
         log.info("metrics at http://%s:%d/metrics", self.config.host, port)

@@ -118,3 +118,8 @@ def test_metrics_are_off_by_default_and_loopback(tmp_path: Path) -> None:
     assert cfg.metrics.port is None
     cfg = load_config(write(tmp_path, BASE + "[metrics]\nport = 9187\n"), env={})
     assert (cfg.metrics.port, cfg.metrics.host) == (9187, "127.0.0.1")
+
+
+def test_shipped_local_config_serves_metrics_on_loopback() -> None:
+    cfg = load_config(Path(__file__).parent.parent / "configs" / "local.toml", env={})
+    assert cfg.metrics.port == 9187 and cfg.metrics.host == "127.0.0.1"
