@@ -213,7 +213,8 @@ class Subscriber:
                 ),
                 slot.confirmed_flush,
             )
-            return self._loop(stream, assembler, scheduler, _ApplyJob(applier, copier), target)
+            job = _ApplyJob(applier, copier)
+            return self._loop(stream, assembler, progress, scheduler, job, target)
         finally:
             conn.close()
 
@@ -223,11 +224,11 @@ class Subscriber:
         self,
         stream: ReplicationStream,
         assembler: Assembler,
+        progress: Progress,
         scheduler: BatchScheduler,
         job: _ApplyJob,
         target: Lsn | None,
     ) -> bool:
-        progress = assembler.progress
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkapply-apply")
         running: Future[tuple[BatchStats, float]] | None = None
         copying: Future[None] | None = None  # the periodic check for newly published tables
