@@ -1,4 +1,4 @@
-"""The command line: ``sparkapply run``, ``sparkapply demo`` (also ``python -m sparkapply``)."""
+"""The command line: ``sparkapply run|status|skip|resync|demo`` (also ``python -m sparkapply``)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     resync.add_argument("--config", required=True, help="TOML config file")
     resync.add_argument("--table", required=True, help="the published table, schema.table")
+    status = sub.add_parser(
+        "status",
+        help="show the slot, each table's applied LSN and counts, pending prepared "
+        "transactions and the spool (also while `run` runs)",
+    )
+    status.add_argument("--config", required=True, help="TOML config file")
+    status.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    skip = sub.add_parser(
+        "skip",
+        help="drop the one source transaction that finishes at --lsn (as ALTER SUBSCRIPTION "
+        "... SKIP does); the running or next `run` skips it",
+    )
+    skip.add_argument("--config", required=True, help="TOML config file")
+    skip.add_argument(
+        "--lsn",
+        required=True,
+        help="the transaction's commit LSN X/Y, as the apply error names it (for a prepared "
+        "transaction its COMMIT PREPARED or PREPARE LSN)",
+    )
     return p
 
 
@@ -66,34 +85,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("py4j", "pyiceberg", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    commands = {
+        "run": _run,
+        "status": _status,
+        "skip": _skip,
+        "demo": _demo,
+        "resync": _resync,
+    }
     try:
-        if args.command == "run":
-            from sparkapply.subscriber import Subscriber
-
-            config = load_config(args.config)
-            sub = Subscriber(config)
-            _install_signals(sub.stop)
-            summary = sub.run(until_caught_up=args.until_caught_up)
-            log.info(
-                "stopped: %d batches, %d transactions, flushed to %s",
-                summary.batches,
-                summary.transactions,
-                summary.flushed,
-            )
-            return 0
-        if args.command == "demo":
-            from sparkapply.demo import run_demo
-
-            return run_demo(args.config, rows=args.rows)
-        if args.command == "resync":
-            from sparkapply.copy.driver import resync
-
-            report = resync(load_config(args.config), args.table)
-            log.info("resync of %s done: %s rows", args.table, f"{report.total_rows:,}")
-            return 0
+        return commands[args.command](args)
     except SparkapplyError as exc:
         log.error("%s", exc)
         return 2 if exc.kind is ErrorKind.OPERATOR else 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sparkapply.subscriber import Subscriber
+
+    config = load_config(args.config)
+    sub = Subscriber(config)
+    _install_signals(sub.stop)
+    summary = sub.run(until_caught_up=args.until_caught_up)
+    log.info(
+        "stopped: %d batches, %d transactions, flushed to %s",
+        summary.batches,
+        summary.transactions,
+        summary.flushed,
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from sparkapply.status import gather, render_text, to_json
+
+    status = gather(load_config(args.config))
+    print(to_json(status) if args.json else render_text(status))
+    return 0
+
+
+def _skip(args: argparse.Namespace) -> int:
+    from sparkapply.poison import request_skip
+
+    request_skip(load_config(args.config), args.lsn)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from sparkapply.demo import run_demo
+
+    return run_demo(args.config, rows=args.rows)
+
+
+def _resync(args: argparse.Namespace) -> int:
+    from sparkapply.copy.driver import resync
+
+    report = resync(load_config(args.config), args.table)
+    log.info("resync of %s done: %s rows", args.table, f"{report.total_rows:,}")
     return 0
 
 

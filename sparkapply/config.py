@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from sparkapply.errors import ConfigError
 from sparkapply.location import expand_work_dir
 
@@ -65,12 +67,30 @@ class ApplyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    # The Prometheus endpoint's port; None (the default) serves no metrics, 0 picks a
+    # free port (logged). Loopback unless ``host`` says otherwise: the metrics name
+    # tables and positions, which is nothing to publish to a network by default.
+    port: int | None = None
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: SourceConfig
     work_dir: Path
     sink: SinkConfig = field(default_factory=SinkConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     apply: ApplyConfig = field(default_factory=ApplyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def table_identifier(self, schema: str, table: str) -> tuple[str, str]:
+        """The Iceberg identifier of a published table (``[sink.tables]`` renames)."""
+        mapped = self.sink.tables.get(f"{schema}.{table}")
+        if mapped:
+            ns, name = mapped.split(".", 1)
+            return ns, name
+        return schema, table
 
     def catalog_properties(self) -> dict[str, str]:
         return {k: expand_work_dir(v, self.work_dir) for k, v in self.sink.catalog.items()}
@@ -95,6 +115,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "batch_max_transactions": int,
         "batch_linger": (int, float),
     },
+    "metrics": {"port": int, "host": str},
 }
 
 
@@ -218,6 +239,7 @@ def _build(raw: Mapping[str, Any]) -> Config:
             key="source.publication",
         )
     src["publication"] = pub_tuple
+    _check_dsn(src["dsn"])
     if src.get("origin", "any") not in ("any", "none"):
         raise ConfigError("source.origin must be 'any' or 'none'", key="source.origin")
     for key in ("status_interval", "connect_timeout", "reconnect_max_backoff"):
@@ -252,9 +274,40 @@ def _build(raw: Mapping[str, Any]) -> Config:
     apply_raw = dict(raw.get("apply", {}))
     if "batch_linger" in apply_raw:
         apply_raw["batch_linger"] = float(apply_raw["batch_linger"])
+        # 0 is allowed: cut a batch as soon as a transaction is ready.
+        if apply_raw["batch_linger"] < 0:
+            raise ConfigError(
+                "apply.batch_linger must be 0 or more seconds", key="apply.batch_linger"
+            )
     for key, value in apply_raw.items():
         if value <= 0 and key != "batch_linger":
             raise ConfigError(f"apply.{key} must be positive", key=f"apply.{key}")
     apply = ApplyConfig(**apply_raw)
+    metrics_raw = dict(raw.get("metrics", {}))
+    metrics = MetricsConfig(**metrics_raw)
+    if metrics.port is not None and not 0 <= metrics.port <= 65535:
+        raise ConfigError(
+            f"metrics.port must be 0..65535, got {metrics.port}",
+            key="metrics.port",
+            hint="leave it out to serve no metrics; 0 picks a free port",
+        )
+    if not metrics.host:
+        raise ConfigError("metrics.host must not be empty", key="metrics.host")
     work_dir = Path(raw.get("work_dir", ".sparkapply")).expanduser().absolute()
-    return Config(source=source, work_dir=work_dir, sink=sink, spark=spark, apply=apply)
+    return Config(
+        source=source, work_dir=work_dir, sink=sink, spark=spark, apply=apply, metrics=metrics
+    )
+
+
+def _check_dsn(dsn: str) -> None:
+    """A libpq connection string, or a configuration error naming the key. psycopg's
+    message is not repeated: it quotes pieces of the string, which may hold a password."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ConfigError(
+            "[source] dsn is not a libpq connection string",
+            key="source.dsn",
+            hint="write key=value pairs (host=... port=5432 dbname=... user=...) or a "
+            "postgresql://user@host:port/dbname URI",
+        ) from None

@@ -124,6 +124,10 @@ class SlotError(SourceError):
     """The replication slot is missing, busy or of the wrong kind."""
 
 
+class PrivilegeError(SourceError):
+    """The login lacks a privilege replication needs (REPLICATION, SELECT)."""
+
+
 class ConnectionLostError(SparkapplyError):
     """The replication connection dropped; reconnecting may fix it."""
 
@@ -162,6 +166,25 @@ class CopyError(SparkapplyError):
 
 class SinkError(SparkapplyError):
     """The Iceberg catalog or table refused a write."""
+
+
+class CommitConflictError(SinkError):
+    """The commit did not land because the table changed under it; re-plan the batch."""
+
+    kind = ErrorKind.TRANSIENT
+
+
+class CommitOutcomeUnknownError(SinkError):
+    """The catalog failed mid-commit; re-load the table to learn whether it landed."""
+
+    kind = ErrorKind.TRANSIENT
+
+
+class SparkJobError(SparkapplyError):
+    """A Spark job failed outside our task code (an executor lost, the job cancelled);
+    running the batch again may succeed."""
+
+    kind = ErrorKind.TRANSIENT
 
 
 class StateError(SparkapplyError):

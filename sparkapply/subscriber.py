@@ -14,9 +14,22 @@ ACKNOWLEDGEMENT
     nothing is pending and no ordinary transaction is half received, it follows the
     server's position, so a publication whose tables are idle does not retain WAL.
 
+BATCHES
+    When a batch is cut, what it acknowledges when it completes, and when the
+    subscriber is idle are :class:`~sparkapply.scheduler.BatchScheduler`'s (it also
+    drops a transaction ``sparkapply skip`` names). This module runs the loop around
+    it: receive bursts, hand batches to the apply thread, send positions.
+
 STOPPING
     ``stop()`` (SIGTERM, Ctrl-C) lets the running batch finish (its acknowledgement is
     sent) and abandons the rest: it is only in the spool, and the server sends it again.
+
+ERRORS
+    An error whose kind is TRANSIENT (a dropped connection, a catalog commit conflict,
+    a lost Spark executor) ends the session; the next one starts after a backoff from
+    the slot's confirmed position, with fresh caches, so nothing is lost or applied
+    twice. Any other error stops the run. An apply error names the transaction (xid,
+    commit LSN) and table, and says how to skip it.
 """
 
 from __future__ import annotations
@@ -35,16 +48,19 @@ from sparkapply.apply.batch import Applier, BatchStats
 from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
-from sparkapply.changes.transaction import CommittedTxn
+from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
 from sparkapply.copy.driver import PUBLICATION_CHECK_INTERVAL, TableCopier
-from sparkapply.errors import ConnectionLostError, SparkapplyError
+from sparkapply.errors import ErrorKind, SparkapplyError, SparkJobError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import INVALID_LSN, Lsn
+from sparkapply.metrics import Metrics
+from sparkapply.scheduler import Batch, BatchScheduler
 from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
 from sparkapply.source.publisher import check_publisher, ensure_slot
 from sparkapply.source.stream import ReplicationStream
+from sparkapply.workdir import prepared_dir
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -59,7 +75,8 @@ class RunSummary:
     transactions: int = 0
     changes: int = 0
     flushed: Lsn = INVALID_LSN
-    reconnects: int = 0  # connections lost and opened again
+    reconnects: int = 0  # sessions ended by a transient error and started again
+    skipped: int = 0  # transactions dropped by `sparkapply skip`
 
 
 class Subscriber:
@@ -79,9 +96,15 @@ class Subscriber:
         self._stop = threading.Event()
         self.summary = RunSummary()
         self._copier: TableCopier | None = None
+        self.metrics = Metrics(config.metrics, config.work_dir)
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def catalog(self) -> Catalog | None:
+        """The Iceberg catalog the run writes to (opened by :meth:`run` if not given)."""
+        return self._catalog
 
     # -- setup ------------------------------------------------------------------------
 
@@ -108,7 +131,7 @@ class Subscriber:
         assert row is not None
         return Lsn.parse(row[0])
 
-    # -- the loop ---------------------------------------------------------------------
+    # -- sessions -----------------------------------------------------------------------
 
     def run(self, *, until_caught_up: bool = False) -> RunSummary:
         """Replicate until :meth:`stop` (or, with ``until_caught_up``, until everything
@@ -117,18 +140,25 @@ class Subscriber:
         protocol, _tables = check_publisher(src.dsn, src.publication)
         spark, catalog = self._open_sinks()
         target = self._target_lsn() if until_caught_up else None
+        self.metrics.serve()
         backoff = 1.0
-        while not self._stop.is_set():
-            try:
-                done = self._session(protocol, spark, catalog, target)
-                if done:
-                    break
-            except ConnectionLostError as exc:
-                log.warning("replication connection lost: %s; retrying in %.0fs", exc, backoff)
-                self.summary.reconnects += 1
-                if self._stop.wait(backoff):
-                    break
-                backoff = min(backoff * 2, src.reconnect_max_backoff)
+        try:
+            while not self._stop.is_set():
+                try:
+                    if self._session(protocol, spark, catalog, target):
+                        break
+                except SparkapplyError as exc:
+                    # By kind, not by class: whatever may succeed when tried again is.
+                    if exc.kind is not ErrorKind.TRANSIENT:
+                        raise
+                    log.warning("%s; starting again in %.0fs", exc, backoff)
+                    self.summary.reconnects += 1
+                    self.metrics.reconnects.inc()
+                    if self._stop.wait(backoff):
+                        break
+                    backoff = min(backoff * 2, src.reconnect_max_backoff)
+        finally:
+            self.metrics.close()
         return self.summary
 
     def _session(
@@ -157,7 +187,7 @@ class Subscriber:
             slot = copier.before_streaming(conn, slot, two_phase=protocol.two_phase)
             self._copier = copier
             progress = Progress(slot.confirmed_flush)
-            prepared = PreparedStore(work / "prepared")
+            prepared = PreparedStore(prepared_dir(work))
             assembler = Assembler(
                 work,
                 proto_version=protocol.proto_version,
@@ -173,8 +203,9 @@ class Subscriber:
                 streaming=protocol.streaming,
                 retain_snapshots=cfg.sink.retain_snapshots,
             )
-            applier.before_apply = copier.before_batch  # copies tables seen for the first time
-            copier.on_copied = applier.forget
+            scheduler = BatchScheduler(
+                assembler, progress, cfg.apply, skips=SkipStore(work), prepared=prepared
+            )
             stream = ReplicationStream(conn, status_interval=src.status_interval)
             stream.start(
                 start_replication_command(
@@ -182,109 +213,190 @@ class Subscriber:
                 ),
                 slot.confirmed_flush,
             )
-            return self._loop(stream, assembler, applier, progress, target)
+            job = _ApplyJob(applier, copier)
+            return self._loop(stream, assembler, progress, scheduler, job, target)
         finally:
             conn.close()
+
+    # -- the loop -----------------------------------------------------------------------
 
     def _loop(
         self,
         stream: ReplicationStream,
         assembler: Assembler,
-        applier: Applier,
         progress: Progress,
+        scheduler: BatchScheduler,
+        job: _ApplyJob,
         target: Lsn | None,
     ) -> bool:
-        cfg = self.config.apply
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkapply-apply")
-        running: tuple[Future[BatchStats], list[tuple[CommittedTxn, list[int]]]] | None = None
+        running: Future[tuple[BatchStats, float]] | None = None
         copying: Future[None] | None = None  # the periodic check for newly published tables
-        ready_since: float | None = None  # when the oldest waiting transaction committed
         last_ping = 0.0
         try:
             while True:
-                frames = stream.poll_burst(0.05 if running or assembler.ready else 0.2)
+                busy = running is not None or assembler.backlog().transactions > 0
+                frames = stream.poll_burst(0.05 if busy else 0.2)
                 feed = assembler.feed
                 for wal_start, payload in frames:
                     feed(payload, wal_start)
-                if assembler.ready and ready_since is None:
-                    ready_since = time.monotonic()
+                scheduler.received(bool(frames))
 
-                if running is not None and running[0].done():
-                    fut, batch = running
+                if running is not None and running.done():
+                    batch = scheduler.running
+                    assert batch is not None
+                    stats, seconds = _outcome(running, batch)  # raises: nothing acknowledged
                     running = None
-                    stats = fut.result()  # re-raises the apply's error: nothing acknowledged
                     failpoint("before-ack")
-                    for txn, _ in batch:
-                        assembler.release(txn)
-                    progress.mark_done([item for _, item in batch])
-                    self.summary.batches += 1
-                    self.summary.transactions += len(batch)
-                    self.summary.changes += stats.changes
-                    log.info(
-                        "applied %d transactions (%d changes) to %d tables; flushed to %s",
-                        len(batch),
-                        stats.changes,
-                        stats.tables,
-                        progress.flushed,
-                    )
+                    scheduler.complete(batch)
+                    self._account(batch, stats, seconds, progress.flushed)
 
                 if copying is not None and copying.done():
                     copying.result()  # re-raises the copy's error
                     copying = None
-                elif (
-                    running is None
-                    and not self._stop.is_set()
-                    and self._copier is not None
-                    and self._copier.due()
-                ):
+                elif running is None and not self._stop.is_set() and job.copier.due():
                     # Same single-threaded pool: batches queue behind the copy.
-                    copying = pool.submit(self._copier.refresh)
+                    copying = pool.submit(job.refresh)
 
-                if self._stop.is_set() and running is None:
+                if self._stop.is_set():
+                    scheduler.stop()
+                if scheduler.may_exit():
                     stream.set_flush_lsn(progress.flushed)
                     stream.send_status()
                     return True
 
-                if running is None and assembler.ready and not self._stop.is_set():
-                    # A batch closes when the stream pauses, when it is full, or when
-                    # its oldest transaction has waited batch_linger: while a backlog
-                    # drains, applying one batch overlaps receiving the next.
-                    assert ready_since is not None
-                    waited = time.monotonic() - ready_since >= cfg.batch_linger
-                    full = (
-                        assembler.ready_bytes >= cfg.batch_max_bytes
-                        or len(assembler.ready) >= cfg.batch_max_transactions
-                    )
-                    if waited or full or not frames:
-                        batch = assembler.take_ready(
-                            cfg.batch_max_bytes, cfg.batch_max_transactions
-                        )
-                        ready_since = time.monotonic() if assembler.ready else None
-                        running = (pool.submit(applier.apply, [t for t, _ in batch]), batch)
+                batch = scheduler.cut()
+                if batch is not None:
+                    running = pool.submit(job.apply, batch)
 
-                idle = (
-                    running is None
-                    and not assembler.ready
-                    and not assembler.in_transaction
-                    and progress.pending == 0
-                )
+                idle = scheduler.idle()
                 if idle:
                     progress.follow(stream.last_received)
                 stream.set_flush_lsn(progress.flushed)
                 self.summary.flushed = progress.flushed
+                self.metrics.positions(stream.last_received, progress.flushed, idle=idle)
+                if scheduler.skipped_through is not None:
+                    self._after_skip(stream, scheduler, progress.flushed)
 
                 if target is not None and idle:
-                    if progress.flushed >= target:
+                    if scheduler.caught_up(target):
                         stream.send_status()
                         return True
                     if time.monotonic() - last_ping > 1.0:
                         stream.send_status(reply_requested=True)
                         last_ping = time.monotonic()
-        except SparkapplyError:
-            raise
         finally:
             if running is not None:
-                running[0].cancel()
+                running.cancel()
                 with contextlib.suppress(Exception):
-                    running[0].result()
+                    running.result()
             pool.shutdown(wait=True)
+
+    def _account(self, batch: Batch, stats: BatchStats, seconds: float, flushed: Lsn) -> None:
+        self.summary.batches += 1
+        self.summary.transactions += len(batch)
+        self.summary.changes += stats.changes
+        self.metrics.batch_done(batch.txns, stats, seconds)
+        log.info(
+            "applied %d transactions (%d changes) to %d tables in %.2fs; flushed to %s",
+            len(batch),
+            stats.changes,
+            stats.tables,
+            seconds,
+            flushed,
+        )
+
+    def _after_skip(
+        self, stream: ReplicationStream, scheduler: BatchScheduler, flushed: Lsn
+    ) -> None:
+        """Remove the skip record once the publisher has been told the skipped
+        transaction is done (until then a restart must skip it again)."""
+        through = scheduler.skipped_through
+        if through is None:
+            return
+        if flushed >= through:
+            stream.send_status()
+            scheduler.forget_skip()
+            self.summary.skipped += 1
+            self.metrics.skipped.inc()
+
+
+class _ApplyJob:
+    """What the apply thread runs: the copy of tables seen for the first time, then the
+    batch. The copier and the applier do not know each other; the tables a copy
+    committed are dropped from the applier's cache here."""
+
+    def __init__(self, applier: Applier, copier: TableCopier) -> None:
+        self.applier = applier
+        self.copier = copier
+
+    def apply(self, batch: Batch) -> tuple[BatchStats, float]:
+        started = time.monotonic()
+        txns = batch.txns
+        self.copier.before_batch(txns)
+        self._forget_copied()
+        try:
+            stats = self.applier.apply(txns)
+        except SparkapplyError:
+            raise
+        except Exception as exc:
+            lost = spark_job_error(exc)
+            if lost is None:
+                raise
+            raise lost from exc
+        return stats, time.monotonic() - started
+
+    def refresh(self) -> None:
+        self.copier.refresh()
+        self._forget_copied()
+
+    def _forget_copied(self) -> None:
+        for ident in self.copier.take_copied():
+            self.applier.forget(ident)
+
+
+def spark_job_error(exc: BaseException) -> SparkJobError | None:
+    """A failure of Spark itself (Py4J, a lost executor or Python worker, a cancelled
+    job) as a transient error; None for anything else (a bug in our driver code). Our
+    task code returns its own errors as values, so they never arrive here."""
+    module = type(exc).__module__ or ""
+    if not module.startswith(("py4j", "pyspark")):
+        return None
+    first = (str(exc).strip().splitlines() or [""])[0][:500]
+    return SparkJobError(
+        f"the batch's Spark job failed: {type(exc).__name__}: {first}",
+        hint="nothing of the batch was committed or acknowledged; it is applied again "
+        "from the publisher's stream when the session starts again",
+    )
+
+
+def _outcome(fut: Future[tuple[BatchStats, float]], batch: Batch) -> tuple[BatchStats, float]:
+    """The batch's result, or its error naming the transaction to skip."""
+    try:
+        return fut.result()
+    except SparkapplyError as exc:
+        raise _locate(exc, batch) from exc.__cause__
+
+
+def _locate(exc: SparkapplyError, batch: Batch) -> SparkapplyError:
+    """Name the failing transaction (xid and commit LSN) when the error tells which one
+    it is, and how to skip it when retrying cannot help."""
+    txns = batch.txns
+    xid = exc.context.get("xid")
+    lsn = exc.context.get("lsn")
+    found = next((t for t in txns if xid is not None and t.xid == xid), None)
+    if found is None and lsn is not None:
+        found = next((t for t in txns if int(t.commit_lsn) == int(lsn)), None)
+    if found is None and len(txns) == 1:
+        found = txns[0]
+    if found is None:
+        return exc
+    exc.with_context(xid=found.xid, lsn=found.commit_lsn)
+    exc.context["lsn"] = found.commit_lsn  # the commit LSN, which `skip` takes
+    if exc.kind is not ErrorKind.TRANSIENT:
+        skip = (
+            f"to drop this one transaction instead: sparkapply skip --config <file> "
+            f"--lsn {found.commit_lsn}"
+        )
+        exc.hint = f"{exc.hint}; {skip}" if exc.hint else skip
+    return exc

@@ -87,7 +87,7 @@ class Mirror:
                 f"the subscriber did not catch up within {deadline:.0f} s "
                 f"({sub.summary.reconnects} reconnects, flushed to {sub.summary.flushed})"
             )
-        self.catalog = sub._catalog
+        self.catalog = sub.catalog
         result = outcome[0]
         if isinstance(result, BaseException):
             raise result

@@ -54,6 +54,7 @@ def test_env_list_value_and_free_form_key(tmp_path: Path) -> None:
         (BASE + "status_interval = -1\n", "source.status_interval"),
         ('[source]\npublication = "p"\n', "source.dsn"),
         ('[source]\ndsn = "x"\npublication = []\n', "source.publication"),
+        ('[source]\ndsn = "x"\npublication = "p"\n', "source.dsn"),
         (BASE + "[apply]\nbatch_max_bytes = 0\n", "apply.batch_max_bytes"),
         (BASE + '[sink.tables]\n"public.t" = "no_dot"\n', "sink.tables.public.t"),
         ("work_dir = 3\n" + BASE, "work_dir"),
@@ -76,3 +77,49 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml", env={})
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[source\n"), env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (BASE + "[apply]\nbatch_linger = -0.5\n", "apply.batch_linger"),
+        (BASE + "[apply]\nbatch_max_transactions = -1\n", "apply.batch_max_transactions"),
+        (BASE + "connect_timeout = -3\n", "source.connect_timeout"),
+        (BASE + "reconnect_max_backoff = 0\n", "source.reconnect_max_backoff"),
+        (BASE + "[sink]\nretain_snapshots = -1\n", "sink.retain_snapshots"),
+        (BASE + "[metrics]\nport = -1\n", "metrics.port"),
+        (BASE + "[metrics]\nport = 70000\n", "metrics.port"),
+        (BASE + "[metrics]\nhost = 5\n", "metrics.host"),
+    ],
+)
+def test_negative_durations_and_sizes_are_rejected(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert info.value.context["key"] == key
+
+
+def test_zero_linger_is_allowed(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, BASE + "[apply]\nbatch_linger = 0\n"), env={})
+    assert cfg.apply.batch_linger == 0.0
+
+
+def test_malformed_dsn_names_the_key_and_not_the_string(tmp_path: Path) -> None:
+    text = '[source]\ndsn = "host=h password=s3cret x"\npublication = "p"\n'
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert info.value.context["key"] == "source.dsn"
+    assert "[source] dsn" in str(info.value)
+    assert "s3cret" not in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_metrics_are_off_by_default_and_loopback(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, BASE), env={})
+    assert cfg.metrics.port is None
+    cfg = load_config(write(tmp_path, BASE + "[metrics]\nport = 9187\n"), env={})
+    assert (cfg.metrics.port, cfg.metrics.host) == (9187, "127.0.0.1")
+
+
+def test_shipped_local_config_serves_metrics_on_loopback() -> None:
+    cfg = load_config(Path(__file__).parent.parent / "configs" / "local.toml", env={})
+    assert cfg.metrics.port == 9187 and cfg.metrics.host == "127.0.0.1"

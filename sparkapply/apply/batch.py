@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ from sparkapply.apply.driver import run_tasks
 from sparkapply.apply.fold import TxnInput
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
-from sparkapply.convert.schema import iceberg_schema_for
+from sparkapply.convert.schema import iceberg_schema_for, relation_identifier
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
@@ -66,6 +67,7 @@ class BatchStats:
     rows_written: int = 0
     rows_removed: int = 0
     skipped: int = 0
+    commit_seconds: float = 0.0  # the Iceberg commits of the batch, all tables
     results: list[TableResult] = field(default_factory=list)
 
 
@@ -96,16 +98,9 @@ class Applier:
         self._tables: dict[TableIdent, Table] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
         self.retain_snapshots = retain_snapshots
-        # Called with each batch before it is planned (the copy of new tables).
-        self.before_apply: Callable[[Sequence[CommittedTxn]], None] | None = None
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
-        schema = rel.namespace or "pg_catalog"
-        mapped = self.table_map.get(f"{schema}.{rel.name}")
-        if mapped:
-            ns, name = mapped.split(".", 1)
-            return ns, name
-        return schema, rel.name
+        return relation_identifier(rel, self.table_map)
 
     def applied(self, ident: tuple[str, str]) -> Lsn:
         return self._applied.get(ident, Lsn(0))
@@ -116,8 +111,6 @@ class Applier:
         self._applied.pop(ident, None)
 
     def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
-        if self.before_apply is not None:
-            self.before_apply(batch)
         stats = BatchStats(transactions=len(batch))
         # Relation versions in apply order, and which table each relation id is.
         versions: dict[tuple[str, str], list[tuple[m.Relation, Lsn]]] = {}
@@ -198,6 +191,7 @@ class Applier:
         if any(r.deletes for r in results):
             failpoint("deletes-written")
         failpoint("before-commit")
+        commit_started = time.monotonic()
         for r in results:
             table, ident, base = planned[r.table]
             try:
@@ -219,6 +213,7 @@ class Applier:
             stats.changes += r.n_changes
             stats.rows_written += r.rows_written
             stats.rows_removed += r.rows_removed
+        stats.commit_seconds = time.monotonic() - commit_started
         stats.results = results
         return stats
 

@@ -53,6 +53,7 @@ class TableResult:
     rows_written: int = 0
     rows_removed: int = 0
     n_changes: int = 0
+    # Row changes by operation (filled by the apply path; 0 where it does not count).
     n_inserts: int = 0
     n_updates: int = 0
     n_deletes: int = 0

@@ -86,6 +86,15 @@ class _OpenTxn:
     prepare: m.BeginPrepare | None = None  # set for Begin Prepare … Prepare
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What the assembler holds that the batch scheduler decides on."""
+
+    transactions: int  # committed, not yet taken for a batch
+    nbytes: int  # their spooled bytes
+    receiving: bool  # an ordinary transaction is half received (its end is not known)
+
+
 class Assembler:
     def __init__(
         self,
@@ -117,6 +126,11 @@ class Assembler:
     def in_transaction(self) -> bool:
         """An ordinary transaction is half received (its end is not yet known)."""
         return self._current is not None
+
+    def backlog(self) -> Backlog:
+        """The scheduler's view: what is ready for a batch and whether a transaction
+        is being received."""
+        return Backlog(len(self.ready), self.ready_bytes, self._current is not None)
 
     @property
     def open_streams(self) -> int:

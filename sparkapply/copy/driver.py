@@ -91,7 +91,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,8 +180,8 @@ class TableCopier:
     Call order: :meth:`before_streaming` once per replication session, on the
     connection that will stream, before START_REPLICATION; then, from the apply thread
     only, :meth:`before_batch` before each batch and :meth:`refresh` when :meth:`due`.
-    ``on_copied`` is told each Iceberg table a copy committed, so that the applier
-    drops what it cached about it.
+    :meth:`take_copied` returns the Iceberg tables copies committed since the last
+    call: the caller tells whatever caches tables (the applier) to drop them.
     """
 
     def __init__(
@@ -198,7 +198,7 @@ class TableCopier:
         self.catalog = catalog
         self.check_interval = check_interval
         self.slice_bytes = slice_bytes
-        self.on_copied: Callable[[tuple[str, str]], None] | None = None
+        self._copied: list[tuple[str, str]] = []  # committed since take_copied()
         self.reports: list[CopyReport] = []
         self._known: set[tuple[str, str]] = set()  # copied, or not ours to copy
         self._last_check = time.monotonic()
@@ -206,6 +206,11 @@ class TableCopier:
     def target(self, schema: str, name: str) -> tuple[str, str]:
         """The Iceberg identifier of a PostgreSQL table (``[sink.tables]`` mapping)."""
         return iceberg_identifier(schema, name, self.config.sink.tables)
+
+    def take_copied(self) -> list[tuple[str, str]]:
+        """Iceberg tables a copy committed to since the last call (oldest first)."""
+        out, self._copied = self._copied, []
+        return out
 
     # -- session start -----------------------------------------------------------------
 
@@ -502,8 +507,7 @@ class TableCopier:
             report.rows[".".join(p.ident)] = rows
             report.bytes += sum(r.bytes for r in mine)
             self._known.add(p.source.key)
-            if self.on_copied is not None:
-                self.on_copied(p.ident)
+            self._copied.append(p.ident)
         return errors
 
     # -- helpers -------------------------------------------------------------------------

@@ -4,13 +4,9 @@ The only package that imports pyiceberg's catalog and table APIs. The driver use
 executors only receive what it hands out (data directory, :class:`DataFileInfo`).
 """
 
+from sparkapply.errors import CommitConflictError, CommitOutcomeUnknownError
 from sparkapply.sink.catalog import mask_properties, open_catalog
-from sparkapply.sink.commit import (
-    ANY_BASE,
-    CommitConflictError,
-    CommitOutcomeUnknownError,
-    commit_files,
-)
+from sparkapply.sink.commit import ANY_BASE, commit_files
 from sparkapply.sink.files import (
     DataFileInfo,
     current_data_files,

@@ -95,7 +95,7 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool
 
 from sparkapply import location
-from sparkapply.errors import ErrorKind, SinkError
+from sparkapply.errors import CommitConflictError, CommitOutcomeUnknownError, SinkError
 from sparkapply.lsn import Lsn
 from sparkapply.sink.files import live_data_files
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
@@ -105,18 +105,6 @@ from sparkapply.sink.tables import table_name
 logger = logging.getLogger(__name__)
 
 EXTRA_SUMMARY_PREFIX = "sparkapply."
-
-
-class CommitConflictError(SinkError):
-    """The commit did not land because the table changed under it; re-plan the batch."""
-
-    kind = ErrorKind.TRANSIENT
-
-
-class CommitOutcomeUnknownError(SinkError):
-    """The catalog failed mid-commit; re-load the table to learn whether it landed."""
-
-    kind = ErrorKind.TRANSIENT
 
 
 class _Base(enum.Enum):

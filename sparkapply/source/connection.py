@@ -13,7 +13,7 @@ import select
 import psycopg
 from psycopg import pq
 
-from sparkapply.errors import ConnectionLostError, SourceError
+from sparkapply.errors import ConnectionLostError, PrivilegeError, SourceError
 
 # As PostgreSQL's own walreceiver sets them, so the text output of every type is
 # stable and lossless whatever the server's defaults are.
@@ -58,6 +58,13 @@ def describe_dsn(dsn: str) -> str:
     return f"{host}:{port}/{p.get('dbname', '?')} as {p.get('user', '?')}"
 
 
+def _connection_lost(sqlstate: str) -> bool:
+    """Class 08 (connection exception) and the server ending the session (57P01 admin
+    shutdown, e.g. pg_terminate_backend; 57P02 crash shutdown; 57P03 cannot connect now):
+    a new connection may work, so these are transient."""
+    return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")
+
+
 class ReplicationConnection:
     """One walsender connection. Not thread-safe: the receiving thread owns it."""
 
@@ -68,6 +75,12 @@ class ReplicationConnection:
         if pgconn.status != pq.ConnStatus.OK:
             msg = pgconn.error_message.decode(errors="replace").strip()
             pgconn.finish()
+            if "permission denied to start WAL sender" in msg:
+                # No retry fixes a missing privilege: stop and say what to grant.
+                raise PrivilegeError(
+                    f"cannot open a replication connection to {self._where}: {msg}",
+                    hint="as a superuser on the publisher: ALTER ROLE <user> WITH REPLICATION",
+                )
             raise ConnectionLostError(
                 f"cannot open a replication connection to {self._where}: {msg}",
                 hint="check [source] dsn, pg_hba.conf (a 'replication' line is not needed "
@@ -114,7 +127,7 @@ class ReplicationConnection:
         msg = (res.error_message or self._pgconn.error_message).decode(errors="replace").strip()
         sqlstate = res.error_field(pq.DiagnosticField.SQLSTATE)
         code = sqlstate.decode() if sqlstate else ""
-        if self._pgconn.status != pq.ConnStatus.OK or code.startswith("08"):
+        if self._pgconn.status != pq.ConnStatus.OK or _connection_lost(code):
             raise ConnectionLostError(f"{what} on {self._where} failed: {msg}")
         raise SourceError(f"{what} on {self._where} failed: {msg}", sqlstate=code or None)
 

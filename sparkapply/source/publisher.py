@@ -12,10 +12,22 @@ from dataclasses import dataclass
 
 import psycopg
 
-from sparkapply.errors import PublicationError, ReplicaIdentityError, SlotError, SourceError
+from sparkapply.errors import (
+    PrivilegeError,
+    PublicationError,
+    ReplicaIdentityError,
+    SlotError,
+    SourceError,
+)
 from sparkapply.lsn import Lsn
 from sparkapply.source.connection import ReplicationConnection, describe_dsn
-from sparkapply.source.negotiation import Protocol, create_slot_command, negotiate, quote_literal
+from sparkapply.source.negotiation import (
+    Protocol,
+    create_slot_command,
+    negotiate,
+    quote_ident,
+    quote_literal,
+)
 
 SLOT_RELEASE_WAIT = 30.0  # seconds to wait for a slot held by a vanished consumer
 
@@ -54,6 +66,7 @@ def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, li
         ) from exc
     with conn:
         protocol = negotiate(conn.info.server_version)
+        _check_replication_privilege(conn, where)
         wal_level = conn.execute("SHOW wal_level").fetchone()
         if not wal_level or wal_level[0] != "logical":
             raise SourceError(
@@ -100,6 +113,23 @@ def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, li
             )
         tables.append(PublishedTable(schema, name, tuple(attnames or ()), rowfilter))
     return protocol, tables
+
+
+def _check_replication_privilege(conn: psycopg.Connection[tuple[object, ...]], where: str) -> None:
+    """The login needs REPLICATION (or superuser) to open a walsender; without it the
+    replication connection is refused at every attempt, which no retry fixes."""
+    row = conn.execute(
+        "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if row is None or row[1]:
+        return
+    user = str(row[0])
+    raise PrivilegeError(
+        f"the login {user!r} on {where} lacks the REPLICATION attribute, so it cannot "
+        "stream from a replication slot",
+        hint=f"as a superuser on the publisher: ALTER ROLE {quote_ident(user)} WITH "
+        "REPLICATION; (and GRANT SELECT on the published tables, for the initial copy)",
+    )
 
 
 def ensure_slot(

@@ -1,0 +1,164 @@
+"""Prometheus metrics of one subscriber, served over HTTP when ``[metrics] port`` is set.
+
+Every metric lives in the subscriber's own registry (not prometheus_client's global
+one), so two subscribers in one process (tests, the demo) do not collide. Counters
+and histograms are updated by the receiving thread when a batch completes; spool
+bytes and pending prepared transactions are read from ``work_dir`` at scrape time.
+LSNs are exported as numbers (bytes of WAL), so lag is a plain subtraction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from sparkapply.config import MetricsConfig
+from sparkapply.errors import ConfigError
+from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
+from sparkapply.workdir import pending_prepared, spool_bytes
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from sparkapply.applier import BatchStats
+    from sparkapply.changes.transaction import CommittedTxn
+
+log = logging.getLogger(__name__)
+
+# Seconds: a batch takes from milliseconds (a few rows) to minutes (a bulk load).
+BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+COMMIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self, config: MetricsConfig, work_dir: Path) -> None:
+        self.config = config
+        self.registry = r = CollectorRegistry()
+        self.received_lsn = Gauge(
+            "sparkapply_received_lsn", "Highest WAL position received (bytes)", registry=r
+        )
+        self.flushed_lsn = Gauge(
+            "sparkapply_flushed_lsn",
+            "WAL position acknowledged to the publisher as durable (bytes)",
+            registry=r,
+        )
+        self.lag_bytes = Gauge(
+            "sparkapply_lag_bytes", "Received minus acknowledged WAL position", registry=r
+        )
+        self.lag_seconds = Gauge(
+            "sparkapply_lag_seconds",
+            "Now minus the commit time of the last applied source transaction (0 when idle)",
+            registry=r,
+        )
+        self.rows_applied = Counter(
+            "sparkapply_rows_applied",
+            "Source row changes applied, by table and operation",
+            ["table", "operation"],
+            registry=r,
+        )
+        self.rows_written = Counter(
+            "sparkapply_rows_written", "Row versions written to Iceberg", ["table"], registry=r
+        )
+        self.rows_removed = Counter(
+            "sparkapply_rows_removed", "Rows removed from Iceberg", ["table"], registry=r
+        )
+        self.transactions = Counter(
+            "sparkapply_transactions_applied", "Source transactions applied", registry=r
+        )
+        self.skipped = Counter(
+            "sparkapply_transactions_skipped",
+            "Transactions dropped by `sparkapply skip`",
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "sparkapply_batch_seconds",
+            "Wall time of one batch's apply (copy of new tables, Spark job, commits)",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "sparkapply_iceberg_commit_seconds",
+            "Wall time of one batch's Iceberg commits (all its tables)",
+            buckets=COMMIT_BUCKETS,
+            registry=r,
+        )
+        self.reconnects = Counter(
+            "sparkapply_reconnects", "Replication sessions ended by a transient error", registry=r
+        )
+        spool = Gauge("sparkapply_spool_bytes", "Bytes in the spool under work_dir", registry=r)
+        spool.set_function(lambda: float(spool_bytes(work_dir)))
+        prepared = Gauge(
+            "sparkapply_prepared_pending",
+            "Prepared transactions staged, waiting for COMMIT/ROLLBACK PREPARED",
+            registry=r,
+        )
+        prepared.set_function(lambda: float(len(pending_prepared(work_dir))))
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- serving ------------------------------------------------------------------------
+
+    def serve(self) -> int | None:
+        """Start the endpoint if configured; returns the bound port."""
+        if self.config.port is None:
+            return None
+        try:
+            server, thread = start_http_server(
+                self.config.port, addr=self.config.host, registry=self.registry
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve metrics on {self.config.host}:{self.config.port}: {exc}",
+                key="metrics.port",
+                hint="choose a free port (another sparkapply may use this one), or leave "
+                "[metrics] port out",
+            ) from exc
+        self._server, self._thread = server, thread
+        port = int(server.server_port)
+        log.info("metrics at http://%s:%d/metrics", self.config.host, port)
+        return port
+
+    @property
+    def port(self) -> int | None:
+        return None if self._server is None else int(self._server.server_port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+    # -- updates ------------------------------------------------------------------------
+
+    def positions(self, received: int, flushed: int, *, idle: bool) -> None:
+        self.received_lsn.set(received)
+        self.flushed_lsn.set(flushed)
+        self.lag_bytes.set(max(0, received - flushed))
+        if idle:
+            self.lag_seconds.set(0)
+
+    def batch_done(self, txns: list[CommittedTxn], stats: BatchStats, seconds: float) -> None:
+        self.batch_seconds.observe(seconds)
+        self.commit_seconds.observe(stats.commit_seconds)
+        self.transactions.inc(len(txns))
+        for res in stats.results:
+            for op, n in (
+                ("insert", res.n_inserts),
+                ("update", res.n_updates),
+                ("delete", res.n_deletes),
+            ):
+                if n:
+                    self.rows_applied.labels(res.table, op).inc(n)
+            self.rows_written.labels(res.table).inc(res.rows_written)
+            self.rows_removed.labels(res.table).inc(res.rows_removed)
+        if txns:
+            committed = (txns[-1].commit_time + PG_EPOCH_OFFSET_MICROS) / 1e6
+            self.lag_seconds.set(max(0.0, time.time() - committed))

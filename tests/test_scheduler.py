@@ -1,0 +1,191 @@
+"""The batch scheduler on a real assembler fed encoded messages: no server, no Spark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkapply.changes.skip import SkipStore
+from sparkapply.config import ApplyConfig
+from sparkapply.lsn import Lsn
+from sparkapply.pgoutput import messages as m
+from sparkapply.scheduler import BatchScheduler
+from tests.changes.test_assembler import Feed, rel, row
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def txn(f: Feed, xid: int, commit: int, *values: int, first: bool = False) -> None:
+    msgs: list[m.Message] = [m.Begin(commit, 0, xid)]
+    if first:
+        msgs.append(rel(None))
+    msgs += [row(v) for v in values]
+    msgs.append(m.Commit(0, commit, commit + 10, 0))
+    f(*msgs)
+
+
+def make(
+    tmp_path: Path, *, linger: float = 1.0, max_txns: int = 100, skips: bool = False
+) -> tuple[Feed, BatchScheduler, Clock]:
+    f = Feed(tmp_path)
+    clock = Clock()
+    limits = ApplyConfig(
+        batch_max_bytes=1 << 30, batch_max_transactions=max_txns, batch_linger=linger
+    )
+    sched = BatchScheduler(
+        f.asm,
+        f.progress,
+        limits,
+        skips=SkipStore(tmp_path) if skips else None,
+        prepared=f.store,
+        clock=clock,
+    )
+    return f, sched, clock
+
+
+def test_a_batch_waits_for_linger_while_frames_keep_coming(tmp_path: Path) -> None:
+    f, sched, clock = make(tmp_path, linger=1.0)
+    txn(f, 1, 2000, 1, first=True)
+    sched.received(True)
+    assert sched.cut() is None
+    clock.now += 0.5
+    sched.received(True)
+    assert sched.cut() is None
+    clock.now += 0.6
+    sched.received(True)
+    batch = sched.cut()
+    assert batch is not None and [t.xid for t in batch.txns] == [1]
+
+
+def test_a_pause_in_the_stream_cuts_at_once(tmp_path: Path) -> None:
+    f, sched, _ = make(tmp_path, linger=60.0)
+    txn(f, 1, 2000, 1, first=True)
+    sched.received(False)
+    batch = sched.cut()
+    assert batch is not None and len(batch) == 1
+
+
+def test_a_full_batch_cuts_and_one_batch_runs_at_a_time(tmp_path: Path) -> None:
+    f, sched, _ = make(tmp_path, linger=60.0, max_txns=2)
+    txn(f, 1, 2000, 1, first=True)
+    txn(f, 2, 3000, 2)
+    txn(f, 3, 4000, 3)
+    sched.received(True)
+    batch = sched.cut()
+    assert batch is not None and [t.xid for t in batch.txns] == [1, 2]
+    sched.received(False)
+    assert sched.cut() is None  # the first is still running
+    sched.complete(batch)
+    nxt = sched.cut()
+    assert nxt is not None and [t.xid for t in nxt.txns] == [3]
+
+
+def test_durable_before_acknowledged(tmp_path: Path) -> None:
+    f, sched, _ = make(tmp_path)
+    txn(f, 1, 2000, 1, first=True)
+    sched.received(False)
+    batch = sched.cut()
+    assert batch is not None
+    assert f.progress.flushed == 0  # cut is not durable
+    assert not sched.idle()
+    other = make(tmp_path / "other")[1]
+    with pytest.raises(RuntimeError):
+        other.complete(batch)
+    sched.complete(batch)
+    assert f.progress.flushed == 2010
+    assert sched.idle()
+
+
+def test_not_idle_while_a_transaction_is_half_received(tmp_path: Path) -> None:
+    f, sched, _ = make(tmp_path)
+    assert sched.idle()
+    f(m.Begin(2000, 0, 1), rel(None), row(1))
+    sched.received(True)
+    assert not sched.idle() and sched.cut() is None
+    f(m.Commit(0, 2000, 2010, 0))
+    sched.received(False)
+    assert not sched.idle()  # ready, not applied
+    batch = sched.cut()
+    assert batch is not None
+    sched.complete(batch)
+    assert sched.idle() and sched.caught_up(Lsn(2010)) and not sched.caught_up(Lsn(2011))
+
+
+def test_stop_cuts_nothing_more_and_exits_after_the_running_batch(tmp_path: Path) -> None:
+    f, sched, _ = make(tmp_path)
+    txn(f, 1, 2000, 1, first=True)
+    sched.received(False)
+    batch = sched.cut()
+    assert batch is not None
+    txn(f, 2, 3000, 2)
+    sched.stop()
+    assert not sched.may_exit()
+    sched.complete(batch)
+    sched.received(False)
+    assert sched.cut() is None and sched.may_exit()
+    assert f.progress.flushed == 2010  # the abandoned transaction is not acknowledged
+
+
+def test_skip_drops_exactly_the_named_transaction(tmp_path: Path) -> None:
+    f, sched, _ = make(tmp_path, skips=True)
+    store = SkipStore(tmp_path)
+    store.request(Lsn(3000))
+    txn(f, 1, 2000, 1, first=True)
+    txn(f, 2, 3000, 2)
+    txn(f, 3, 4000, 3)
+    sched.received(False)
+    batch = sched.cut()
+    assert batch is not None and [t.xid for t in batch.txns] == [1, 3]
+    assert sched.skipped_through == 3010
+    assert f.progress.flushed == 0  # transaction 1 is not durable yet
+    sched.complete(batch)
+    assert f.progress.flushed == 4010
+    assert store.get() is not None  # kept until the server has been told
+    sched.forget_skip()
+    assert store.get() is None and not store.path.exists()
+
+
+def test_skip_of_a_prepared_transaction_by_its_prepare_lsn(tmp_path: Path) -> None:
+    f, sched, _ = make(tmp_path, skips=True)
+    f(m.BeginPrepare(2000, 2010, 0, 7, "g"), rel(None), row(5), m.Prepare(0, 2000, 2010, 0, 7, "g"))
+    SkipStore(tmp_path).request(Lsn(2000))
+    txn(f, 8, 2500, 6)
+    sched.received(False)
+    batch = sched.cut()
+    assert batch is not None and [t.xid for t in batch.txns] == [8]
+    sched.complete(batch)
+    assert SkipStore(tmp_path).get() is not None  # its COMMIT PREPARED is still to come
+    f(m.CommitPrepared(0, 3000, 3010, 0, 7, "g"))
+    sched.received(False)
+    assert sched.cut() is None  # the only ready transaction was skipped
+    assert f.store.xids() == [] and f.progress.flushed == 3010
+
+
+def test_a_skip_lsn_the_stream_has_passed_is_dropped(tmp_path: Path) -> None:
+    f, sched, _ = make(tmp_path, skips=True)
+    SkipStore(tmp_path).request(Lsn(2500))
+    txn(f, 1, 2000, 1, first=True)
+    txn(f, 2, 3000, 2)
+    sched.received(False)
+    batch = sched.cut()
+    assert batch is not None and len(batch) == 2
+    assert SkipStore(tmp_path).get() is None and sched.skipped_through is None
+
+
+def test_skip_store_is_durable_and_replaced(tmp_path: Path) -> None:
+    store = SkipStore(tmp_path)
+    assert store.get() is None
+    store.request(Lsn.parse("1/A0"))
+    store.request(Lsn.parse("1/B0"))
+    assert SkipStore(tmp_path).get() == store.get()
+    got = store.get()
+    assert got is not None and str(got.lsn) == "1/B0"
+    assert not store.clear(Lsn.parse("1/A0"))  # a newer request stays
+    assert store.clear(Lsn.parse("1/B0")) and store.get() is None
