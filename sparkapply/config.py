@@ -64,6 +64,10 @@ class ApplyConfig:
     batch_max_bytes: int = 256 * 1024 * 1024  # spooled bytes that close a batch
     batch_max_transactions: int = 100_000
     batch_linger: float = 0.5  # seconds to wait for more transactions once one is ready
+    # A table whose batch spooled at least split_bytes is folded by several tasks (key
+    # hash partitions), at most max_tasks_per_table (0: Spark's default parallelism).
+    split_bytes: int = 16 * 1024 * 1024
+    max_tasks_per_table: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,8 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "batch_max_bytes": int,
         "batch_max_transactions": int,
         "batch_linger": (int, float),
+        "split_bytes": int,
+        "max_tasks_per_table": int,
     },
     "metrics": {"port": int, "host": str},
 }
@@ -280,7 +286,12 @@ def _build(raw: Mapping[str, Any]) -> Config:
                 "apply.batch_linger must be 0 or more seconds", key="apply.batch_linger"
             )
     for key, value in apply_raw.items():
-        if value <= 0 and key != "batch_linger":
+        if key == "max_tasks_per_table" and value < 0:
+            raise ConfigError(
+                "apply.max_tasks_per_table must be 0 (Spark's parallelism) or more",
+                key="apply.max_tasks_per_table",
+            )
+        if value <= 0 and key not in ("batch_linger", "max_tasks_per_table"):
             raise ConfigError(f"apply.{key} must be positive", key=f"apply.{key}")
     apply = ApplyConfig(**apply_raw)
     metrics_raw = dict(raw.get("metrics", {}))

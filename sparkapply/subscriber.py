@@ -202,6 +202,8 @@ class Subscriber:
                 proto_version=protocol.proto_version,
                 streaming=protocol.streaming,
                 retain_snapshots=cfg.sink.retain_snapshots,
+                split_bytes=cfg.apply.split_bytes,
+                max_tasks_per_table=cfg.apply.max_tasks_per_table,
             )
             scheduler = BatchScheduler(
                 assembler, progress, cfg.apply, skips=SkipStore(work), prepared=prepared

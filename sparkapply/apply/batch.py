@@ -89,6 +89,8 @@ class Applier:
         proto_version: int = 4,
         streaming: str = "parallel",
         retain_snapshots: int = 100,
+        split_bytes: int = 16 * 1024 * 1024,
+        max_tasks_per_table: int = 0,
     ) -> None:
         self.spark = spark
         self.catalog = catalog
@@ -98,6 +100,8 @@ class Applier:
         self._tables: dict[TableIdent, Table] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
         self.retain_snapshots = retain_snapshots
+        self.split_bytes = split_bytes
+        self.max_tasks_per_table = max_tasks_per_table
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
         return relation_identifier(rel, self.table_map)
@@ -180,7 +184,12 @@ class Applier:
             )
             planned[name] = (table, ident, current_snapshot_id(table))
         stats.tables = len(tasks)
-        results = run_tasks(self.spark, tasks)
+        results = run_tasks(
+            self.spark,
+            tasks,
+            split_bytes=self.split_bytes,
+            max_tasks_per_table=self.max_tasks_per_table,
+        )
         failed = [r for r in results if r.error is not None]
         if failed:
             for r in results:

@@ -1,7 +1,14 @@
-"""The driver half of an apply: run a batch's table tasks as one Spark job."""
+"""The driver half of an apply: run a batch's table tasks as one Spark job.
+
+A table whose batch is big is folded by several tasks, one per key-hash partition
+(see ``keyfold.py``, MANY TASKS PER TABLE); their files are merged back into one
+result per table, which the driver commits as one snapshot.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
@@ -9,11 +16,61 @@ from pyspark.sql import SparkSession
 from sparkapply.apply.tasks import TableResult, TableTask, run_table_task
 
 
-def run_tasks(spark: SparkSession, tasks: Sequence[TableTask]) -> list[TableResult]:
-    """One job, one partition per table task, biggest first (they bound the job)."""
+def task_bytes(task: TableTask) -> int:
+    return sum(s.nbytes for x in task.txns for s in x.segments)
+
+
+def partitions_for(task: TableTask, parallelism: int, split_bytes: int, cap: int) -> int:
+    """How many tasks fold ``task``'s table: one, unless it is keyed, not insert-only
+    and big; then one per ``split_bytes``, at most the cluster's parallelism (or
+    ``cap``)."""
+    if task.insert_only or not task.keyed or split_bytes <= 0:
+        return 1
+    limit = cap if cap > 0 else parallelism
+    return max(1, min(limit, math.ceil(task_bytes(task) / split_bytes)))
+
+
+def merge_results(results: Sequence[TableResult]) -> list[TableResult]:
+    """One result per table from its partitions' results (partition 0 counts the
+    changes: every partition decodes all of them)."""
+    merged: dict[str, TableResult] = {}
+    for r in sorted(results, key=lambda r: r.partition):
+        into = merged.get(r.table)
+        if into is None:
+            merged[r.table] = dataclasses.replace(
+                r, added=list(r.added), deletes=list(r.deletes)
+            )
+            continue
+        into.added += r.added
+        into.deletes += r.deletes
+        into.rows_written += r.rows_written
+        into.rows_removed += r.rows_removed
+        into.truncated = into.truncated or r.truncated
+        into.last_commit_lsn = max(into.last_commit_lsn, r.last_commit_lsn)
+        into.seconds = max(into.seconds, r.seconds)
+        into.tasks += r.tasks
+        if into.error is None:
+            into.error = r.error
+    return list(merged.values())
+
+
+def run_tasks(
+    spark: SparkSession,
+    tasks: Sequence[TableTask],
+    *,
+    split_bytes: int = 16 * 1024 * 1024,
+    max_tasks_per_table: int = 0,
+) -> list[TableResult]:
+    """One job, one partition per (table, key partition) task, biggest first (they
+    bound the job)."""
     if not tasks:
         return []
-    ordered = sorted(tasks, key=lambda t: -sum(s.nbytes for x in t.txns for s in x.segments))
+    parallelism = spark.sparkContext.defaultParallelism
+    expanded: list[TableTask] = []
+    for task in tasks:
+        n = partitions_for(task, parallelism, split_bytes, max_tasks_per_table)
+        expanded += [dataclasses.replace(task, partition=(i, n)) for i in range(n)]
+    ordered = sorted(expanded, key=lambda t: -task_bytes(t) // t.partition[1])
     rdd = spark.sparkContext.parallelize(ordered, len(ordered))
     results: list[TableResult] = rdd.map(run_table_task).collect()
-    return results
+    return merge_results(results)

@@ -21,6 +21,17 @@ NET EFFECT
     TRUNCATE empties the table at its position: events before the last one are
     dropped and every pre-batch row goes, so no key needs a lookup.
 
+MANY TASKS PER TABLE
+    A big table's batch is folded by several tasks, each owning the keys whose hash
+    falls in its partition. Events on different keys are independent, except where
+    an UPDATE moves a row from one key to another: the keys it links are nodes of a
+    graph whose edges are those updates (networkx), and every key of a connected
+    component goes to the partition of the component's smallest key, so a chain of
+    renames is folded by one task. Every task decodes the whole batch and computes
+    the same graph and the same partitions (it is deterministic), so no second job
+    and no shuffle is needed; each writes the rows and position deletes of its own
+    keys, and the driver commits all of them as one snapshot.
+
 UNCHANGED TOAST
     An UPDATE may send a column as unchanged (``u``): the row keeps the value it had.
     Within a key's sorted events that is the value of the nearest earlier put that
@@ -51,6 +62,7 @@ from sparkapply.apply.decode import (
     stream_decoders,
 )
 from sparkapply.apply.fold import Layout, TxnInput, coalesced
+from sparkapply.apply.keys import canonical_keys
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
@@ -110,6 +122,7 @@ def fold_keyed(
     streaming: str = "parallel",
     table: str = "?",
     coalesce: bool = True,
+    partition: tuple[int, int] = (0, 1),
 ) -> NetEffect:
     """Fold the table's changes of ``txns`` (commit order). Raises
     :class:`NeedsRowFold` when only the row-wise fold can do it."""
@@ -126,6 +139,7 @@ def fold_keyed(
                     relation_ids,
                     txns,
                     coalesce=False,
+                    partition=partition,
                     schema=schema,
                     key_names=key_names,
                     proto_version=proto_version,
@@ -133,7 +147,7 @@ def fold_keyed(
                     table=table,
                 )
             raise exc.with_context(xid=group.xid, lsn=group.commit_lsn, table=table) from None
-    effect = _net(st)
+    effect = _net(st, partition)
     effect.last_commit_lsn = max(t.commit_lsn for t in txns) if txns else 0
     return effect
 
@@ -184,7 +198,7 @@ def _typed_keys(part: _Part, schema: pa.Schema, old: bool) -> list[pa.Array]:
     return [cols[layout.names[i]] for i in layout.key_idx]
 
 
-def _net(st: _Fold) -> NetEffect:
+def _net(st: _Fold, partition: tuple[int, int] = (0, 1)) -> NetEffect:
     effect = NetEffect(
         st.schema.empty_table(),
         [],
@@ -198,6 +212,7 @@ def _net(st: _Fold) -> NetEffect:
     # Events: (key columns..., number, put?, first-is-insert?, part, row)
     key_cols: list[list[pa.Array]] = [[] for _ in st.key_names]
     numbers, puts, inserts, part_ix, row_ix = [], [], [], [], []
+    moves: list[tuple[int, np.ndarray]] = []  # (part, rows) of key-changing updates
     for p_i, part in enumerate(st.parts):
         run = part.run
         n = len(run.ops)
@@ -217,6 +232,8 @@ def _net(st: _Fold) -> NetEffect:
                 moved &= differs
                 if moved.any() and _unchanged_rows(run)[moved].any():
                     raise NeedsRowFold("a key-changing update sends unchanged TOAST values")
+                if moved.any():
+                    moves.append((p_i, np.flatnonzero(moved)))
             rm_rows = np.flatnonzero((ops == OP_D) | moved)
         else:
             rm_rows = np.zeros(0, np.int64)
@@ -240,6 +257,17 @@ def _net(st: _Fold) -> NetEffect:
             "n": np.concatenate(numbers),
         }
     )
+    if partition[1] > 1:
+        mine = _own_events(events, names, st, moves, partition)
+        mask = pa.array(mine)
+        events = events.filter(mask)
+        numbers = [np.concatenate(numbers)[mine]]
+        puts = [np.concatenate(puts)[mine]]
+        inserts = [np.concatenate(inserts)[mine]]
+        row_ix = [np.concatenate(row_ix)[mine]]
+        part_ix = [np.concatenate(part_ix)[mine]]
+        if events.num_rows == 0:
+            return effect
     order = pc.sort_indices(events, [*((nm, "ascending") for nm in names), ("n", "ascending")])
     order_np = order.to_numpy()
     total = len(order_np)
@@ -349,3 +377,61 @@ def _unchanged_sources(
         ).astype(np.int64)
         out[name] = (src, pa.concat_arrays(values))
     return out
+
+
+def key_hash(keys: Sequence[pa.Array]) -> np.ndarray:
+    """A deterministic hash of each row's key (same value, same hash, in any process):
+    a polynomial over the bytes of its canonical encoding."""
+    canon = canonical_keys(keys)
+    if isinstance(canon, pa.ChunkedArray):
+        canon = canon.combine_chunks()
+    canon = canon.cast(pa.large_binary())
+    n = len(canon)
+    offsets = np.frombuffer(canon.buffers()[1], np.int64, n + 1, canon.offset * 8)
+    buf = canon.buffers()[2]
+    data = np.frombuffer(buf, np.uint8) if buf is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    data = data[offsets[0] : offsets[-1]]
+    owner = np.repeat(np.arange(n), lengths)
+    pos = np.arange(len(data)) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    weights = (data.astype(np.int64) + 1) * ((pos * 7919 + 104729) % 1000003)
+    sums = np.bincount(owner, weights=weights.astype(np.float64), minlength=n)
+    return sums.astype(np.int64) * 2654435761 % 4294967311 + lengths
+
+
+def _own_events(
+    events: pa.Table,
+    names: list[str],
+    st: _Fold,
+    moves: list[tuple[int, np.ndarray]],
+    partition: tuple[int, int],
+) -> np.ndarray:
+    """Which events belong to this task's partition (see MANY TASKS PER TABLE)."""
+    index, count = partition
+    keys = [events.column(nm).combine_chunks() for nm in names]
+    buckets = key_hash(keys) % count
+    if moves:
+        import networkx as nx
+
+        canon = canonical_keys(keys).to_pylist()
+        graph = nx.Graph()
+        for p_i, rows in moves:
+            part = st.parts[p_i]
+            old = _typed_keys(part, st.schema, old=True)
+            new = _typed_keys(part, st.schema, old=False)
+            idx = pa.array(rows)
+            old_c = canonical_keys([k.take(idx) for k in old]).to_pylist()
+            new_c = canonical_keys([k.take(idx) for k in new]).to_pylist()
+            graph.add_edges_from(zip(old_c, new_c, strict=True))
+        home: dict[bytes, int] = {}
+        for component in nx.connected_components(graph):
+            first = min(component)
+            bucket = int(key_hash([pa.array([first], pa.binary())])[0] % count)
+            for key in component:
+                home[key] = bucket
+        for i, key in enumerate(canon):
+            moved_to = home.get(key)
+            if moved_to is not None:
+                buckets[i] = moved_to
+    mine: np.ndarray = buckets == index
+    return mine

@@ -43,6 +43,7 @@ class TableTask:
     proto_version: int
     streaming: str
     insert_only: bool = False  # no txn of the batch updates, deletes or truncates it
+    partition: tuple[int, int] = (0, 1)  # (index, count): the keys this task owns
 
 
 @dataclass(slots=True)
@@ -60,6 +61,8 @@ class TableResult:
     truncated: bool = False
     last_commit_lsn: int = 0
     path: str = ""  # which path applied it: insert-only, keyed, row-wise
+    partition: int = 0
+    tasks: int = 1  # tasks that folded the table (key-hash partitions)
     seconds: float = 0.0
     error: SparkapplyError | None = None
 
@@ -71,7 +74,7 @@ class TableResult:
 
 
 def run_table_task(task: TableTask) -> TableResult:
-    result = TableResult(task.table)
+    result = TableResult(task.table, partition=task.partition[0])
     started = time.perf_counter()
     # The fold makes many short-lived objects and no cycles worth collecting.
     gc_was_enabled = gc.isenabled()
@@ -115,9 +118,13 @@ def _run(task: TableTask, result: TableResult) -> None:
                 proto_version=task.proto_version,
                 streaming=task.streaming,
                 table=task.table,
+                partition=task.partition,
             )
         except NeedsRowFold:
-            pass
+            # Every partition finds the same: partition 0 folds the whole table.
+            if task.partition[0] != 0:
+                result.path = "row-wise"
+                return
         else:
             result.take(
                 write_effect(
@@ -128,10 +135,11 @@ def _run(task: TableTask, result: TableResult) -> None:
                     writer=writer,
                 )
             )
-            result.n_changes = effect.n_changes
-            result.n_inserts = effect.n_inserts
-            result.n_updates = effect.n_updates
-            result.n_deletes = effect.n_deletes
+            if task.partition[0] == 0:  # every partition decoded every change
+                result.n_changes = effect.n_changes
+                result.n_inserts = effect.n_inserts
+                result.n_updates = effect.n_updates
+                result.n_deletes = effect.n_deletes
             result.truncated = effect.truncated
             result.path = "keyed"
             return

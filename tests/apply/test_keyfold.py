@@ -259,3 +259,56 @@ def test_an_error_in_coalesced_transactions_names_the_exact_one(tmp_path: Path) 
         fold_keyed(frozenset({7}), txns, schema=SCHEMA, key_names=("id",))
     assert info.value.context["xid"] == 501
     assert info.value.context["lsn"] == 9001
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_partitioned_folds_together_equal_the_model(seed: int, tmp_path: Path) -> None:
+    """Three tasks, each owning a key-hash partition (key-change chains kept together),
+    write what one task writes."""
+    rnd = random.Random(seed * 31)
+    prebatch: dict[int, Row] = {
+        k: {"id": k, "name": f"pre {k}", "qty": k % 7}
+        for k in sorted(rnd.sample(range(1, 300), 60))
+    }
+    txns, state, truncated = workload(seed, tmp_path, prebatch, toast=seed % 2 == 1)
+    if truncated:
+        return  # a TRUNCATE is a barrier: such batches are never partitioned
+    pre_path, pre_deleted = prebatch_file(tmp_path, prebatch)
+    old_deletes = TableWriter(str(tmp_path / "setup"), SCHEMA).write_deletes(
+        {pre_path: pre_deleted}
+    )
+    assert old_deletes is not None
+    files = (DataFileInfo(pre_path, 2 * len(prebatch), 0, min(prebatch), max(prebatch)),)
+    added: list[str] = []
+    deletes: list[str] = []
+    owned = 0
+    for i in range(3):
+        effect = fold_keyed(
+            frozenset({7}), txns, schema=SCHEMA, key_names=("id",), partition=(i, 3)
+        )
+        owned += effect.upserts.num_rows
+        out = write_effect(
+            effect,
+            key_names=("id",),
+            data_files=files,
+            delete_files=(old_deletes,),
+            writer=TableWriter(str(tmp_path / f"p{i}"), SCHEMA),
+        )
+        added += out.added
+        deletes += [d.path for d in out.deletes]
+    assert result_rows(tmp_path, pre_path, pre_deleted, added, deletes) == expected_rows(state)
+    whole = fold_keyed(frozenset({7}), txns, schema=SCHEMA, key_names=("id",))
+    assert owned == whole.upserts.num_rows
+
+
+def test_key_hash_is_deterministic_and_spreads() -> None:
+    from sparkapply.apply.keyfold import key_hash
+
+    keys = pa.array(range(10_000), pa.int64())
+    a = key_hash([keys]) % 4
+    b = key_hash([pa.array(list(range(10_000)), pa.int64())]) % 4
+    assert (a == b).all()
+    counts = np.bincount(a, minlength=4)
+    assert counts.min() > 2000, counts
+    strings = key_hash([pa.array(["", "a", "b", "ab", "ba"], pa.string())])
+    assert len(set(strings.tolist())) == 5

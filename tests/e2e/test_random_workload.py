@@ -9,6 +9,7 @@ in the middle of a round, savepoints rolled back, and two-phase transactions.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -135,8 +136,13 @@ def assert_duckdb_equal(mirror: Mirror, table: str) -> None:
     assert left == right, f"{table}: DuckDB reads differ from PostgreSQL"
 
 
-@pytest.mark.parametrize("seed", [11, 29])
-def test_random_workload_is_mirrored_after_every_round(mirror: Mirror, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "split"), [(11, False), (29, True)])
+def test_random_workload_is_mirrored_after_every_round(
+    mirror: Mirror, seed: int, split: bool
+) -> None:
+    if split:  # every keyed table's batch folded by three key-hash partition tasks
+        apply = dataclasses.replace(mirror.config.apply, split_bytes=1, max_tasks_per_table=3)
+        mirror.config = dataclasses.replace(mirror.config, apply=apply)
     rnd = random.Random(seed)
     mirror.sql(*SETUP)
     mirror.run()

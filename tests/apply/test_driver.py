@@ -1,0 +1,61 @@
+"""How a batch's table tasks are split into key-hash partitions and merged back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+
+from sparkapply.apply.driver import merge_results, partitions_for
+from sparkapply.apply.fold import TxnInput
+from sparkapply.apply.tasks import TableResult, TableTask
+from sparkapply.changes.spool import SpoolSegment
+from sparkapply.errors import ApplyError
+from sparkapply.sink.rowdelta import DeleteFileInfo
+
+MB = 1024 * 1024
+
+
+def task(nbytes: int, *, keyed: bool = True, insert_only: bool = False) -> TableTask:
+    seg = SpoolSegment("/spool/x", 0, nbytes)
+    return TableTask(
+        table="public.t",
+        relation_ids=frozenset({1}),
+        keyed=keyed,
+        key_names=("id",) if keyed else (),
+        txns=(TxnInput(0, 1, 10, (seg,), ()),),
+        schema=pa.schema([pa.field("id", pa.int64())]),
+        data_files=(),
+        delete_files=(),
+        data_dir="/d",
+        proto_version=4,
+        streaming="parallel",
+        insert_only=insert_only,
+    )
+
+
+def test_only_big_keyed_mutating_batches_are_split() -> None:
+    assert partitions_for(task(1 * MB), 8, 16 * MB, 0) == 1
+    assert partitions_for(task(40 * MB), 8, 16 * MB, 0) == 3
+    assert partitions_for(task(400 * MB), 8, 16 * MB, 0) == 8  # the cluster's parallelism
+    assert partitions_for(task(400 * MB), 8, 16 * MB, 2) == 2  # the configured cap
+    assert partitions_for(task(400 * MB, keyed=False), 8, 16 * MB, 0) == 1
+    assert partitions_for(task(400 * MB, insert_only=True), 8, 16 * MB, 0) == 1
+
+
+def test_partition_results_merge_into_one_commit() -> None:
+    d = DeleteFileInfo("/d/x-deletes.parquet", 2, 10, "/d/a", "/d/a", 0, 1)
+    parts = [
+        TableResult("public.t", added=["/d/1"], rows_written=3, n_changes=9, partition=1),
+        TableResult("public.t", added=["/d/0"], deletes=[d], rows_written=2, rows_removed=2,
+                    n_changes=9, last_commit_lsn=7, partition=0),
+        TableResult("public.u", added=["/d/u"], rows_written=1, n_changes=1),
+    ]
+    merged = {r.table: r for r in merge_results(parts)}
+    t = merged["public.t"]
+    assert t.added == ["/d/0", "/d/1"] and t.deletes == [d]
+    assert (t.rows_written, t.rows_removed, t.n_changes, t.tasks) == (5, 2, 9, 2)
+    assert t.last_commit_lsn == 7
+    assert merged["public.u"].tasks == 1
+    failed = merge_results([*parts[:2], dataclasses.replace(parts[0], error=ApplyError("x"))])
+    assert failed[0].error is not None
