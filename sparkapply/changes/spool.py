@@ -4,6 +4,13 @@ A record is ``u32 length, u8 flags, payload``; flag bit 0 says the payload was s
 inside a stream block (it carries the xid prefix). Executors read records back by
 ``(path, start, end)`` segment; nothing in a record depends on driver memory.
 
+Beside each spool file, ``<file>.idx`` lists every record's start offset (little-endian
+int64), appended when the writer flushes. Finding records by walking their length
+prefixes is a Python loop per record; with the index an executor finds a segment's
+records with two binary searches and reads every length with one numpy gather. The
+index is only a hint: a reader checks that it tiles the segment exactly and walks the
+records when it does not (a file copied without its index, a crash between writes).
+
 :class:`SpoolDirectory` owns the files: one shared file that ordinary transactions
 append to (rotated once it passes a size), one file per streamed transaction, and a
 reference count per file, so a file is deleted when the last transaction in it is
@@ -12,14 +19,18 @@ durable and released.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import shutil
 import struct
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
 
 from sparkapply.errors import StateError
 
@@ -49,6 +60,8 @@ class SpoolWriter:
         self._f: BinaryIO = open(path, "ab+")  # noqa: SIM115 - lives as long as the writer
         self._f.seek(0, os.SEEK_END)
         self.offset = self._f.tell()
+        self._idx: BinaryIO = open(index_path(str(path)), "ab+")  # noqa: SIM115 - as _f
+        self._pending = array("q")  # record starts not yet in the index file
 
     def append(self, payload: bytes | memoryview, in_stream: bool) -> int:
         """Write one record; returns the offset where it starts."""
@@ -56,6 +69,7 @@ class SpoolWriter:
         self._f.write(_HEADER.pack(len(payload), FLAG_IN_STREAM if in_stream else 0))
         self._f.write(payload)
         self.offset += _HEADER.size + len(payload)
+        self._pending.append(start)
         return start
 
     def truncate(self, offset: int) -> None:
@@ -63,9 +77,24 @@ class SpoolWriter:
         self._f.truncate(offset)
         self._f.seek(offset)
         self.offset = offset
+        keep = bisect.bisect_left(self._pending, offset)
+        del self._pending[keep:]
+        self._idx.flush()
+        written = np.fromfile(self._idx.name, dtype="<i8")
+        n = int(np.searchsorted(written, offset, "left"))
+        if n < len(written):
+            self._idx.truncate(n * 8)
+            self._idx.seek(n * 8)
+
+    def _write_index(self) -> None:
+        if self._pending:
+            self._idx.write(np.asarray(self._pending, dtype="<i8").tobytes())
+            del self._pending[:]
 
     def flush(self, durable: bool = False) -> None:
         self._f.flush()
+        self._write_index()
+        self._idx.flush()
         if durable:
             os.fsync(self._f.fileno())
 
@@ -75,6 +104,19 @@ class SpoolWriter:
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+        if not self._idx.closed:
+            self._write_index()
+            self._idx.close()
+
+
+def index_path(spool_path: str) -> str:
+    return spool_path + ".idx"
+
+
+def remove_spool_file(path: str | Path) -> None:
+    """Delete a spool file and its index."""
+    Path(path).unlink(missing_ok=True)
+    Path(index_path(str(path))).unlink(missing_ok=True)
 
 
 SHARED_FILE_ROTATE_BYTES = 64 * 1024 * 1024
@@ -105,7 +147,7 @@ class SpoolDirectory:
             if old is not None:
                 old.close()
                 if self._refs.get(str(old.path), 0) == 0:
-                    old.path.unlink(missing_ok=True)
+                    remove_spool_file(old.path)
             self._shared = SpoolWriter(self.root / f"txns-{next(self._seq)}.spool")
         return self._shared
 
@@ -128,7 +170,7 @@ class SpoolDirectory:
     def discard(writer: SpoolWriter) -> None:
         """Close and delete a stream's file (its transaction aborted)."""
         writer.close()
-        writer.path.unlink(missing_ok=True)
+        remove_spool_file(writer.path)
 
     def hold(self, path: str) -> None:
         """A committed transaction references ``path`` until :meth:`release`."""
@@ -145,7 +187,7 @@ class SpoolDirectory:
         self._refs.pop(path, None)
         if self._shared is not None and str(self._shared.path) == path:
             return
-        Path(path).unlink(missing_ok=True)
+        remove_spool_file(path)
 
 
 READ_CHUNK = 8 * 1024 * 1024
@@ -174,14 +216,81 @@ class RecordChunk:
     """
 
     data: bytes
-    starts: list[int]
-    lengths: list[int]
-    in_stream: list[bool]
+    starts: list[int] | np.ndarray
+    lengths: list[int] | np.ndarray
+    in_stream: list[bool] | np.ndarray
 
 
 def read_chunks(segment: SpoolSegment, chunk_size: int | None = None) -> Iterator[RecordChunk]:
     """The segment's records, a chunk of about ``chunk_size`` bytes at a time."""
     size = chunk_size or READ_CHUNK
+    starts = _indexed_starts(segment)
+    if starts is not None:
+        chunks = _indexed_chunks(segment, starts, size)
+        first = next(chunks, None)
+        if first is not None:
+            yield first
+            yield from chunks
+            return
+    yield from _walked_chunks(segment, size)
+
+
+def _indexed_starts(segment: SpoolSegment) -> np.ndarray | None:
+    """The segment's record starts from the index, or None if it has no usable one."""
+    if segment.end <= segment.start:
+        return None
+    try:
+        # Mapped, not read: a binary search touches a few pages of a big index.
+        every = np.memmap(index_path(segment.path), dtype="<i8", mode="r")
+    except (OSError, ValueError):  # missing, or empty
+        return None
+    lo = int(np.searchsorted(every, segment.start, "left"))
+    hi = int(np.searchsorted(every, segment.end, "left"))
+    starts = np.array(every[lo:hi])
+    del every
+    if len(starts) == 0 or int(starts[0]) != segment.start:
+        return None
+    if not bool(np.all(np.diff(starts) > 0)):
+        return None
+    return starts
+
+
+def _indexed_chunks(
+    segment: SpoolSegment, starts: np.ndarray, size: int
+) -> Iterator[RecordChunk]:
+    """Chunks cut at record starts; each checked to tile its bytes exactly (the first
+    failing check yields nothing, so the caller walks the records instead)."""
+    hsize = _HEADER.size
+    with open(segment.path, "rb") as f:
+        a = 0
+        n = len(starts)
+        while a < n:
+            b = max(a + 1, int(np.searchsorted(starts, int(starts[a]) + size, "left")))
+            begin = int(starts[a])
+            stop = int(starts[b]) if b < n else segment.end
+            f.seek(begin)
+            buf = f.read(stop - begin)
+            rel = starts[a:b] - begin
+            raw = np.frombuffer(buf, np.uint8)
+            sane = bool(np.all(np.diff(rel) >= hsize)) and int(rel[-1]) + hsize <= len(buf)
+            if len(buf) != stop - begin or not sane:
+                if a == 0:
+                    return
+                raise StateError(f"spool {segment.path} ends before the segment end {segment.end}")
+            lengths = raw[rel[:, None] + np.arange(4)].view(">u4").reshape(-1).astype(np.int64)
+            ends = rel + hsize + lengths
+            if not (np.array_equal(ends[:-1], rel[1:]) and int(ends[-1]) == len(buf)):
+                if a == 0:
+                    return
+                raise StateError(
+                    f"spool {segment.path}: its index disagrees with the records at {begin}"
+                )
+            flags = (raw[rel + 4] & FLAG_IN_STREAM).astype(bool)
+            yield RecordChunk(buf, rel + hsize, lengths, flags)
+            a = b
+
+
+def _walked_chunks(segment: SpoolSegment, size: int) -> Iterator[RecordChunk]:
     try:
         f = open(segment.path, "rb")  # noqa: SIM115 - closed in the finally below
     except OSError as exc:
