@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchTableError,
@@ -139,15 +139,25 @@ def _create(
 
 
 def _table_location(catalog: Catalog, identifier: TableIdentifier) -> str | None:
-    """The location for a new table whose name cannot be a path segment as it is
-    (``/``, ``#``, ``?``, ``%``; see :func:`sparkapply.location.path_segment`), under
-    the catalog's warehouse; None (the catalog's default) for every other name."""
-    warehouse = catalog.properties.get("warehouse")
+    """The location for a new table whose names cannot be path segments as they are
+    (``/``, ``#``, ``?``, ``%``; see :func:`sparkapply.location.path_segment`): the
+    catalog's own default with those segments made safe. None (the catalog's default)
+    for every other name, and for catalogs that choose locations server-side (REST)."""
     namespace, name = identifier
-    if not warehouse or all(location.path_segment(n) == n for n in identifier):
+    if all(location.path_segment(n) == n for n in identifier):
         return None
-    # pyiceberg's own default is warehouse/namespace/table: keep its layout.
-    return location.join(warehouse, location.path_segment(namespace), location.path_segment(name))
+    if not isinstance(catalog, MetastoreCatalog):
+        return None
+    # pyiceberg's own rule (warehouse/ns/table, warehouse/ns.db/table for Hive and
+    # Glue, or the namespace's location property), so the layout stays the catalog's.
+    default = catalog._get_default_warehouse_location(namespace, name)
+    parent = default.removesuffix("/" + name)
+    for suffix in (".db", ""):
+        if parent.endswith("/" + namespace + suffix):
+            cut = len(namespace + suffix)
+            parent = parent[:-cut] + location.path_segment(namespace) + suffix
+            break
+    return location.join(parent, location.path_segment(name))
 
 
 def apply_evolution(

@@ -43,10 +43,13 @@ def _create(m: Mirror) -> None:
 def _change(m: Mirror) -> None:
     m.sql(
         'INSERT INTO "Sales Dept"."Order-Items"'
-        " SELECT g, 'n' || g, g / 8.0, 'é' || g FROM generate_series(301, 500) g",
+        # Large enough to be streamed (logical_decoding_work_mem is 64kB in the tests):
+        # the stream's spool file lives under the odd work dir too.
+        " SELECT g, 'n' || g || repeat('x', 40), g / 8.0, 'é' || g"
+        " FROM generate_series(301, 3000) g",
         'UPDATE "Sales Dept"."Order-Items" SET "MixedCase" = \'changed\' WHERE id % 10 = 0',
         'DELETE FROM "Sales Dept"."Order-Items" WHERE id % 7 = 0',
-        'UPDATE "Sales Dept"."Order-Items" SET id = id + 1000 WHERE id BETWEEN 1 AND 5',
+        'UPDATE "Sales Dept"."Order-Items" SET id = id + 100000 WHERE id BETWEEN 1 AND 5',
         'UPDATE "it\'s ""odd"""."a/b#c" SET v = \'w\' WHERE "Key" % 3 = 0',
         'DELETE FROM "it\'s ""odd"""."a/b#c" WHERE "Key" > 40',
     )
@@ -121,6 +124,16 @@ def test_paths_and_names_that_need_quoting(pg_dsn: str, tmp_path: Path, spark: o
     m.sql("INSERT INTO \"Sales Dept\".\"Order-Items\" VALUES (9999, 'x', 1.5, 'ö')")
     m.run()
     _change(m)
+    m.run()
+    # A prepared transaction is staged under work_dir/prepared and applied at COMMIT
+    # PREPARED, also with the odd path.
+    with psycopg.connect(m.dsn, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute('UPDATE "Sales Dept"."Order-Items" SET "Ünï" = \'prepared\' WHERE id % 11 = 0')
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal("g [1] ö")))
+    m.run()
+    assert list((work / "prepared").glob("*.json"))
+    m.sql("COMMIT PREPARED 'g [1] ö'")
     m.run()
 
     # The catalog (SQLite, its URL escaped) and the warehouse (unescaped) are under the
