@@ -95,7 +95,12 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool
 
 from sparkapply import location
-from sparkapply.errors import CommitConflictError, CommitOutcomeUnknownError, SinkError
+from sparkapply.errors import (
+    CommitConflictError,
+    CommitOutcomeUnknownError,
+    SinkArgumentError,
+    SinkError,
+)
 from sparkapply.lsn import Lsn
 from sparkapply.sink.files import live_data_files
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
@@ -414,12 +419,12 @@ def _summary(lsn: Lsn, extra: Mapping[str, str] | None) -> dict[str, str]:
     summary = {}
     for key, value in (extra or {}).items():
         if not key.startswith(EXTRA_SUMMARY_PREFIX) or key == LSN_SUMMARY_KEY:
-            raise ValueError(
+            raise SinkArgumentError(
                 f"extra summary key {key!r} must start with {EXTRA_SUMMARY_PREFIX!r} "
                 f"and not be {LSN_SUMMARY_KEY!r}"
             )
         if not isinstance(value, str):
-            raise ValueError(f"extra summary value for {key!r} must be a str")
+            raise SinkArgumentError(f"extra summary value for {key!r} must be a str")
         summary[key] = value
     summary[LSN_SUMMARY_KEY] = str(lsn)
     return summary
@@ -427,11 +432,13 @@ def _summary(lsn: Lsn, extra: Mapping[str, str] | None) -> dict[str, str]:
 
 def _check_paths(added: Sequence[str], removed: Sequence[str]) -> None:
     if len(set(added)) != len(added):
-        raise ValueError("added data files must be unique")
+        raise SinkArgumentError("added data files must be unique")
     if len(set(removed)) != len(removed):
-        raise ValueError("removed data files must be unique")
+        raise SinkArgumentError("removed data files must be unique")
     if both := set(added) & set(removed):
-        raise ValueError(f"a data file cannot be both added and removed: {sorted(both)[0]}")
+        raise SinkArgumentError(
+            f"a data file cannot be both added and removed: {sorted(both)[0]}"
+        )
 
 
 def _as_table_uri(path: str, table: Table) -> str:
