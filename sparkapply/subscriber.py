@@ -144,6 +144,7 @@ class Subscriber:
         backoff = 1.0
         try:
             while not self._stop.is_set():
+                flushed = self.summary.flushed
                 try:
                     if self._session(protocol, spark, catalog, target):
                         break
@@ -151,6 +152,8 @@ class Subscriber:
                     # By kind, not by class: whatever may succeed when tried again is.
                     if exc.kind is not ErrorKind.TRANSIENT:
                         raise
+                    if self.summary.flushed > flushed:
+                        backoff = 1.0  # the session made progress: not a persistent fault
                     log.warning("%s; starting again in %.0fs", exc, backoff)
                     self.summary.reconnects += 1
                     self.metrics.reconnects.inc()
