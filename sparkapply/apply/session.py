@@ -113,7 +113,10 @@ def get_session(
 def _no_active_context() -> bool:
     from pyspark import SparkContext
 
-    return SparkContext._active_spark_context is None
+    # Under spark-submit the driver JVM is already running (and logs as spark-submit
+    # was told); only a JVM started here can be pointed at the file.
+    launched_by_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    return SparkContext._active_spark_context is None and not launched_by_spark_submit
 
 
 def _start_context_logging_to(

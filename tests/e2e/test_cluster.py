@@ -29,6 +29,7 @@ from tests.mirror import Mirror
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LOOPBACK = "127.0.0.1"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -179,6 +180,9 @@ def _write_config(path: Path, mirror: Mirror, master: str) -> Path:
         '"spark.executor.memory" = "512m"\n'
         '"spark.executor.cores" = "2"\n'
         '"spark.cores.max" = "2"\n'
+        # The executors run this tree's sparkapply, as the driver does (on a real
+        # cluster: the same version installed on every worker).
+        f'"spark.executorEnv.PYTHONPATH" = "{REPO}"\n'
         "[apply]\nbatch_linger = 0.1\n"
     )
     return path

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Start sparkapply as a Spark application with spark-submit (client mode: this machine
+# runs the driver). The Python that runs this must have sparkapply installed; every
+# worker needs the same (spark.pyspark.python in the config), or ship a packed
+# virtualenv with --archives (venv-pack) and point PYSPARK_PYTHON into it.
+set -euo pipefail
+CONFIG=${1:-examples/cluster.toml}
+MASTER=${SPARK_MASTER:-spark://spark-master.internal:7077}   # = [spark] master in $CONFIG
+ENTRY=$(python -c 'import pathlib, sparkapply; print(pathlib.Path(sparkapply.__file__).with_name("__main__.py"))')
+
+exec spark-submit \
+    --master "$MASTER" \
+    --deploy-mode client \
+    --name sparkapply \
+    --conf spark.executor.memory=4g \
+    --conf spark.cores.max=16 \
+    "$ENTRY" run --config "$CONFIG"
