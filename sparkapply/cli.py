@@ -42,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
         help="start a bundled PostgreSQL with a sample workload and mirror it (embedded defaults)",
     )
     demo.add_argument("--config", default="configs/local.toml", help="TOML config file")
-    demo.add_argument("--rows", type=int, default=200_000, help="rows in the bulk load")
+    demo.add_argument(
+        "--rows",
+        type=int,
+        default=1_000_000,
+        help="rows in shop.orders before sparkapply starts (copied); the live bulk load "
+        "adds a tenth of that",
+    )
     resync = sub.add_parser(
         "resync",
         help="copy one table again from a fresh snapshot, replacing its Iceberg contents "
