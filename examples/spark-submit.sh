@@ -3,8 +3,14 @@
 # runs the driver). The Python that runs this must have sparkapply installed; every
 # worker needs the same (spark.pyspark.python in the config), or ship a packed
 # virtualenv with --archives (venv-pack) and point PYSPARK_PYTHON into it.
+#
+#   SPARK_MASTER=spark://spark-master.internal:7077 examples/spark-submit.sh examples/cluster.toml
+#
+# Arguments after the config go to `sparkapply run` (e.g. --until-caught-up). Settings
+# in the config's [spark.conf] win over the --conf given here.
 set -euo pipefail
 CONFIG=${1:-examples/cluster.toml}
+shift || true
 MASTER=${SPARK_MASTER:-spark://spark-master.internal:7077}   # = [spark] master in $CONFIG
 ENTRY=$(python -c 'import pathlib, sparkapply; print(pathlib.Path(sparkapply.__file__).with_name("__main__.py"))')
 
@@ -12,6 +18,6 @@ exec spark-submit \
     --master "$MASTER" \
     --deploy-mode client \
     --name sparkapply \
-    --conf spark.executor.memory=4g \
-    --conf spark.cores.max=16 \
-    "$ENTRY" run --config "$CONFIG"
+    --conf spark.executor.memory="${EXECUTOR_MEMORY:-4g}" \
+    --conf spark.cores.max="${CORES_MAX:-16}" \
+    "$ENTRY" run --config "$CONFIG" "$@"

@@ -78,7 +78,7 @@ def _workload(dsn: str, first: int, rows: int) -> None:
         # Small transactions touching copied and streamed rows alike.
         for i in range(20):
             conn.execute("UPDATE shop.orders SET status = 'paid' WHERE id %% 997 = %s", (i,))
-        conn.execute("DELETE FROM shop.orders WHERE id %% 701 = 0")
+        conn.execute("DELETE FROM shop.orders WHERE id % 701 = 0")
         conn.execute("INSERT INTO shop.events VALUES ('cleanup', 'deleted every 701st order')")
         conn.execute("COMMIT PREPARED 'demo-vip'")
         conn.execute("DELETE FROM shop.customers WHERE id > 990")

@@ -106,7 +106,9 @@ def get_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if log_file is None:
-        spark.sparkContext.setLogLevel("ERROR")
+        # On the console: --verbose wants Spark's warnings; a library caller (tests,
+        # benchmarks) only its errors.
+        spark.sparkContext.setLogLevel("WARN" if _LOGGING.verbose else "ERROR")
     return spark
 
 

@@ -188,10 +188,22 @@ def _write_config(path: Path, mirror: Mirror, master: str) -> Path:
     return path
 
 
-def _run(config: Path) -> None:
+def _run(config: Path, *, submit_to: str | None = None) -> None:
+    """``sparkapply run --until-caught-up``; with ``submit_to``, through the README's
+    ``examples/spark-submit.sh`` (spark-submit from the pyspark installation)."""
+    env = {**os.environ, "SPARK_LOCAL_IP": LOOPBACK}
+    command = [sys.executable, "-m", "sparkapply", "run", "--config", str(config)]
+    if submit_to is not None:
+        env["SPARK_MASTER"] = submit_to
+        env["SPARK_HOME"] = str(_spark_home())
+        env["PYSPARK_PYTHON"] = sys.executable
+        env["PATH"] = os.pathsep.join(
+            [str(Path(sys.executable).parent), str(_spark_home() / "bin"), env["PATH"]]
+        )
+        command = ["bash", str(REPO / "examples" / "spark-submit.sh"), str(config)]
     proc = subprocess.run(
-        [sys.executable, "-m", "sparkapply", "run", "--config", str(config), "--until-caught-up"],
-        env={**os.environ, "SPARK_LOCAL_IP": LOOPBACK},
+        [*command, "--until-caught-up"],
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -234,7 +246,7 @@ def test_mirror_on_a_standalone_cluster(cluster: Cluster, pg_dsn: str, tmp_path:
         conn.execute("ROLLBACK TO SAVEPOINT s")
         conn.execute("INSERT INTO events VALUES ('bulk', 'loaded')")
         conn.commit()
-    _run(config)  # streaming apply, in the cluster's executor
+    _run(config, submit_to=cluster.url)  # streaming apply, started with spark-submit
 
     mirror.catalog = open_catalog(
         mirror.config.sink.catalog_name, mirror.config.catalog_properties()
