@@ -12,7 +12,8 @@ set -euo pipefail
 CONFIG=${1:-examples/cluster.toml}
 shift || true
 MASTER=${SPARK_MASTER:-spark://spark-master.internal:7077}   # = [spark] master in $CONFIG
-ENTRY=$(python -c 'import pathlib, sparkapply; print(pathlib.Path(sparkapply.__file__).with_name("__main__.py"))')
+# A .py file outside the sparkapply package that calls its command line.
+ENTRY="$(dirname "${BASH_SOURCE[0]}")/sparkapply_main.py"
 
 exec spark-submit \
     --master "$MASTER" \
