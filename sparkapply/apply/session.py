@@ -13,6 +13,7 @@ untouched. Executors on a cluster log where their worker puts logs, as usual.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.ui.enabled": "false",
@@ -100,6 +103,8 @@ def get_session(
     settings.update(conf or {})
     log_file = spark_log_file()
     if log_file is not None and _no_active_context():
+        # The JVM takes a while to start: say so, and where its output goes.
+        log.info("starting Spark (master %s); Spark's own log: %s", master, log_file)
         _start_context_logging_to(log_file, master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
