@@ -64,13 +64,16 @@ NPM_PREFIX = ".pgbin"
 
 def installed_bin_dir(major: int) -> Path | None:
     """The ``bin`` directory of an installed PostgreSQL ``major``, or None for the
-    bundled 16. ``SPARKAPPLY_PG<major>_BIN`` overrides; then ``.pgbin/`` (npm, 17+)
-    in the project, then Debian's ``/usr/lib/postgresql/<major>/bin``."""
-    if major == 16 and not os.environ.get("SPARKAPPLY_PG16_BIN"):
+    bundled 16. ``SPARKAPPLY_TEST_PG<major>_BIN`` overrides; then ``.pgbin/`` (npm, 17+)
+    in the project or the current directory, then Debian's
+    ``/usr/lib/postgresql/<major>/bin``."""
+    if major == 16 and not os.environ.get("SPARKAPPLY_TEST_PG16_BIN"):
         return None
+    npm_bin = Path(NPM_PREFIX) / "node_modules" / f"pg{major}" / "native" / "bin"
     candidates = [
-        os.environ.get(f"SPARKAPPLY_PG{major}_BIN", ""),
-        str(PROJECT_ROOT / NPM_PREFIX / "node_modules" / f"pg{major}" / "native" / "bin"),
+        os.environ.get(f"SPARKAPPLY_TEST_PG{major}_BIN", ""),
+        str(PROJECT_ROOT / npm_bin),  # a source checkout (editable install)
+        str(Path.cwd() / npm_bin),
         f"/usr/lib/postgresql/{major}/bin",
     ]
     for candidate in candidates:
