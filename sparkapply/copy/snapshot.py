@@ -55,12 +55,12 @@ ORDER BY 1, 2
 
 _COLUMNS_SQL = """
 SELECT a.attrelid, a.attname, a.atttypid, a.atttypmod,
-       coalesce(a.attnum = ANY(i.indkey::int2[]), false)
+       coalesce(a.attnum = ANY(i.indkey::int2[]), false), a.attgenerated <> ''
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 LEFT JOIN pg_index i ON i.indrelid = a.attrelid
      AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
-WHERE a.attrelid = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attrelid, a.attnum
 """
 
@@ -148,10 +148,12 @@ def describe_tables(
     if not grouped:
         return []
     oids = [int(rows[0][2]) for rows in grouped.values()]
-    columns: dict[int, list[tuple[str, int, int, bool]]] = {}
-    for relid, attname, typid, typmod, is_key in conn.execute(_COLUMNS_SQL, (oids,)).fetchall():
+    columns: dict[int, list[tuple[str, int, int, bool, bool]]] = {}
+    for relid, attname, typid, typmod, is_key, generated in conn.execute(
+        _COLUMNS_SQL, (oids,)
+    ).fetchall():
         columns.setdefault(int(relid), []).append(
-            (str(attname), int(typid), int(typmod), bool(is_key))
+            (str(attname), int(typid), int(typmod), bool(is_key), bool(generated))
         )
     return [
         _describe(key, rows, columns.get(int(rows[0][2]), []), block_size)
@@ -162,7 +164,7 @@ def describe_tables(
 def _describe(
     key: tuple[str, str],
     rows: list[tuple[Any, ...]],
-    attributes: list[tuple[str, int, int, bool]],
+    attributes: list[tuple[str, int, int, bool, bool]],
     block_size: int,
 ) -> SourceTable:
     schema, name = key
@@ -189,10 +191,12 @@ def _describe(
         row_filter = " OR ".join(f"({f})" for f in filters)
     full = replident == "f"
     published = set(column_list) if column_list is not None else None
+    # Generated columns are published only when the column list names them
+    # (PostgreSQL 18: publish_generated_columns = stored, or an explicit list).
     cols = tuple(
         RelationColumn(1 if (full or is_key) else 0, attname, typid, typmod)
-        for attname, typid, typmod, is_key in attributes
-        if published is None or attname in published
+        for attname, typid, typmod, is_key, generated in attributes
+        if (attname in published if published is not None else not generated)
     )
     relation = Relation(None, int(oid), schema, name, str(replident), cols)
     return SourceTable(
