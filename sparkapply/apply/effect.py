@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.columns import convert_column
+from sparkapply.apply.columns import convert_column, fit_table
 from sparkapply.apply.fold import Key, Layout, Row, TableDelta, _Unchanged
 from sparkapply.apply.keyfold import NetEffect
 from sparkapply.apply.keys import canonical_keys
@@ -32,7 +32,7 @@ from sparkapply.apply.locate import key_matcher, key_pruner, live_rows, locate_k
 from sparkapply.apply.writer import TableWriter
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
-from sparkapply.errors import ConversionError, SparkapplyError
+from sparkapply.errors import SparkapplyError
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo
 
@@ -164,20 +164,7 @@ def rows_to_arrow(rows: Sequence[Row], schema: pa.Schema) -> tuple[pa.Table, dic
             except SparkapplyError as exc:
                 raise exc.with_context(column=name) from None
             columns[name] = arr
-        arrays = []
-        for f in schema:
-            arr = columns.get(f.name)
-            if arr is None:
-                arrays.append(pa.nulls(len(idxs), f.type))
-            else:
-                try:
-                    arrays.append(arr.cast(f.type) if arr.type != f.type else arr)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise ConversionError(
-                        f"cannot store {arr.type} values in column of type {f.type}: {exc}",
-                        column=f.name,
-                    ) from exc
-        parts.append(pa.Table.from_arrays(arrays, schema=schema))
+        parts.append(fit_table(columns, len(idxs), schema))
     if not parts:
         return schema.empty_table(), {}
     table = pa.concat_tables(parts)

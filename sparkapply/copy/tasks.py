@@ -37,12 +37,12 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from sparkapply import location
+from sparkapply.apply.columns import fit_table
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
 from sparkapply.copy.snapshot import begin_at_snapshot
 from sparkapply.errors import (
     ConnectionLostError,
-    ConversionError,
     CopyError,
     SourceError,
     SparkapplyError,
@@ -164,20 +164,7 @@ def chunk_to_table(
             converted[name] = to_arrow(ctype, unescape(values))
         except SparkapplyError as exc:
             raise exc.with_context(column=name) from None
-    arrays = []
-    for f in schema:
-        arr = converted.get(f.name)
-        if arr is None:
-            arrays.append(pa.nulls(n_rows, f.type))
-            continue
-        try:
-            arrays.append(arr.cast(f.type) if arr.type != f.type else arr)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ConversionError(
-                f"cannot store {arr.type} values in a column of type {f.type}: {exc}",
-                column=f.name,
-            ) from exc
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return fit_table(converted, n_rows, schema)
 
 
 # --------------------------------------------------------------------------------
