@@ -31,7 +31,12 @@ from typing import Any
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_BENCH = str(Path(__file__).resolve().parent)
+sys.path.insert(0, _BENCH)
+# Spark's Python workers import apply_bench's functions by name: give them the folder.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_BENCH, os.environ.get("PYTHONPATH", "")) if p
+)
 
 from apply_bench import (
     DDL,
