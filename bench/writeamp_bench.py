@@ -38,7 +38,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (_BENCH, os.environ.get("PYTHONPATH", "")) if p
 )
 
-from apply_bench import (
+from apply_bench import (  # noqa: E402
     DDL,
     PUBLICATION,
     SETTINGS,
@@ -51,7 +51,7 @@ from apply_bench import (
     start_spark,
 )
 
-from sparkapply.embedded import EmbeddedPostgres
+from sparkapply.embedded import EmbeddedPostgres  # noqa: E402
 
 
 def measure_size(spark: Any, root: Path, rows: int, batches: int, per_batch: int) -> dict[str, Any]:
