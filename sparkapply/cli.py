@@ -42,7 +42,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     resync.add_argument("--config", required=True, help="TOML config file")
     resync.add_argument("--table", required=True, help="the published table, schema.table")
+    _maintain_parser(sub)
     return p
+
+
+def _maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    maintain = sub.add_parser(
+        "maintain",
+        help="compact, merge manifests, expire snapshots (deleting their files) and sweep "
+        "orphans now, whatever the thresholds",
+    )
+    maintain.add_argument("--config", required=True, help="TOML config file")
+    maintain.add_argument("--table", help="only this table, schema.table (default: all)")
+    maintain.add_argument(
+        "--dry-run", action="store_true", help="report what would be done; change nothing"
+    )
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from sparkapply.maintain.command import run_maintain
+
+    run_maintain(load_config(args.config), table=args.table, dry_run=args.dry_run)
+    return 0
 
 
 def _install_signals(stop: object) -> None:
@@ -91,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = resync(load_config(args.config), args.table)
             log.info("resync of %s done: %s rows", args.table, f"{report.total_rows:,}")
             return 0
+        if args.command == "maintain":
+            return _maintain(args)
     except SparkapplyError as exc:
         log.error("%s", exc)
         return 2 if exc.kind is ErrorKind.OPERATOR else 1
