@@ -12,7 +12,13 @@ from pyiceberg.table import Table
 from sparkapply.lsn import Lsn
 from sparkapply.maintain.compact import compact
 from sparkapply.maintain.plan import health, plan_compaction
-from sparkapply.sink import CommitConflictError, applied_lsn, commit_files, current_snapshot_id
+from sparkapply.sink import (
+    CommitConflictError,
+    applied_lsn,
+    commit_files,
+    current_data_files,
+    current_snapshot_id,
+)
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
 from tests.readers import read_with_duckdb
 from tests.sink.conftest import ORDERS
@@ -59,6 +65,7 @@ def test_compaction_keeps_rows_lsn_and_schema(catalog: Catalog, orders: Table, s
     ]
     assert len(live) == 1
     # The apply goes on after it: the next commit plans against the compacted files.
+    assert before_lsn is not None
     commit_files(table, added=[write_orders(table, [10_000])], lsn=Lsn(before_lsn + 1))
     assert len(rows(table)) == len(before_rows) + 1
 
@@ -66,14 +73,7 @@ def test_compaction_keeps_rows_lsn_and_schema(catalog: Catalog, orders: Table, s
 def test_delete_files_of_big_files_are_merged(catalog: Catalog, orders: Table, spark: Any) -> None:
     big = write_orders(orders, list(range(1, 101)))
     commit_files(orders, added=[big], lsn=Lsn(1))
-    big = (
-        orders.current_snapshot()
-        .manifests(orders.io)[0]
-        .fetch_manifest_entry(orders.io)[  # type: ignore[union-attr]
-            0
-        ]
-        .data_file.file_path
-    )
+    big = current_data_files(orders)[0].path
     for i, lsn in ((0, 2), (1, 3), (2, 4)):
         commit_files(orders, added=[], deletes=delete_positions(orders, {big: [i]}), lsn=Lsn(lsn))
     before = rows(orders)
