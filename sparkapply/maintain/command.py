@@ -32,6 +32,12 @@ def run_maintain(
             raise ConfigError(f"--table {table!r} must be schema.table", key="--table")
         ns, name = mapped.split(".")
         idents: list[TableIdentifier] = [(ns, name)]
+        if not catalog.table_exists(idents[0]):
+            raise ConfigError(
+                f"table {mapped} is not in catalog {config.sink.catalog_name}",
+                key="--table",
+                hint="name a table sparkapply mirrors, as schema.table",
+            )
     else:
         idents = []
         for namespace in catalog.list_namespaces():
