@@ -132,6 +132,7 @@ class Maintainer:
         self._spark = spark
         self.clock = clock
         self._last_sweep: dict[TableIdentifier, float] = {}
+        self._quiet: dict[TableIdentifier, Health] = {}  # health when a plan found nothing
 
     def spark(self) -> SparkSession:
         if self._spark is None:
@@ -145,6 +146,8 @@ class Maintainer:
         something ran (see the module doc). Call between batches, on the apply thread."""
         reports = []
         for ident in tables:
+            if not self.catalog.table_exists(ident):
+                continue  # not created yet: its first batch creates it
             report = self._run(ident, dry_run=False, due_only=True)
             if report is not None:
                 reports.append(report)
@@ -164,11 +167,8 @@ class Maintainer:
         table = self.catalog.load_table(ident)
         before = health(table)
         now = self.clock()
-        compact_due = (
-            before.data_files > cfg.max_data_files
-            or before.delete_files > cfg.max_delete_files
-            or before.delete_ratio > cfg.max_delete_ratio
-        )
+        by_ratio = before.delete_ratio > cfg.max_delete_ratio
+        compact_due = by_ratio or self._too_many_files(ident, before)
         doomed = self._doomed(table, now)
         expire_due = len(doomed) >= max(1, cfg.retain_snapshots // 10)
         sweep_due = now - self._last_sweep.get(ident, float("-inf")) >= (
@@ -180,9 +180,14 @@ class Maintainer:
             return None
         report = MaintenanceReport(".".join(ident), dry_run, before)
         if compact_due or not due_only:
-            report.compaction = self._step(report, lambda: self._compact(table, dry_run))
+            # Over the table-wide ratio, files at that ratio are worth a rewrite too.
+            ratio = min(cfg.file_delete_ratio, cfg.max_delete_ratio) if by_ratio else None
+            report.compaction = self._step(report, lambda: self._compact(table, dry_run, ratio))
             if report.compaction is not None and report.compaction.snapshot_id is not None:
                 report.committed = True
+                self._quiet.pop(ident, None)
+            elif report.compaction is not None and not dry_run:
+                self._quiet[ident] = before  # nothing worth rewriting: see _too_many_files
         if not report.committed and (before.manifests > cfg.max_manifests or not due_only):
             merged = self._step(report, lambda: self._merge_manifests(table, dry_run, due_only))
             if merged is not None and merged[0] != merged[1]:
@@ -214,6 +219,20 @@ class Maintainer:
         logger.info("maintenance %s", report.summary())
         return report
 
+    def _too_many_files(self, ident: TableIdentifier, h: Health) -> bool:
+        """Over a file-count threshold, and, if the last plan found nothing worth
+        rewriting (a big table has many files near the target size), a quarter of the
+        threshold more files than then: the plan reads every delete file, it must not
+        run after every batch for nothing."""
+        cfg = self.config
+        quiet = self._quiet.get(ident)
+        data_floor = cfg.max_data_files
+        delete_floor = cfg.max_delete_files
+        if quiet is not None:
+            data_floor = max(data_floor, quiet.data_files + max(1, cfg.max_data_files // 4))
+            delete_floor = max(delete_floor, quiet.delete_files + max(1, cfg.max_delete_files // 4))
+        return h.data_files > data_floor or h.delete_files > delete_floor
+
     def _cutoff(self, now: float) -> dt.datetime:
         return dt.datetime.fromtimestamp(now - self.config.retain_seconds, tz=dt.UTC)
 
@@ -222,12 +241,12 @@ class Maintainer:
             table.metadata, older_than=self._cutoff(now), retain_last=self.config.retain_snapshots
         )
 
-    def _compact(self, table: Table, dry_run: bool) -> CompactionOutcome:
+    def _compact(self, table: Table, dry_run: bool, ratio: float | None) -> CompactionOutcome:
         return compact(
             table,
             self.spark,
             target_file_size=self.config.target_file_size,
-            file_delete_ratio=self.config.file_delete_ratio,
+            file_delete_ratio=self.config.file_delete_ratio if ratio is None else ratio,
             dry_run=dry_run,
         )
 

@@ -13,11 +13,13 @@ from pyiceberg.table import Table
 
 from sparkapply.cli import main
 from sparkapply.config import MaintenanceConfig
+from sparkapply.lsn import Lsn
 from sparkapply.maintain import Maintainer
 from sparkapply.maintain.plan import health
-from sparkapply.sink import applied_lsn
+from sparkapply.sink import applied_lsn, commit_files
 from tests.readers import read_with_duckdb
 from tests.sink.conftest import ORDERS
+from tests.sink.executor_files import write_orders
 
 from .conftest import arrow_ids, churn, files, rows
 
@@ -145,3 +147,19 @@ def test_maintain_command(
     assert (health(table).data_files, health(table).delete_files) == (1, 0)
     assert len(table.metadata.snapshots) == 1
     assert not stray.exists()
+
+
+def test_no_replanning_while_nothing_is_worth_rewriting(
+    catalog: Catalog, orders: Table, spark: Any
+) -> None:
+    for i in range(1, 5):  # four files, none small for a 1-byte target, no deletes
+        commit_files(orders, added=[write_orders(orders, [i])], lsn=Lsn(i))
+    m = maintainer(catalog, spark, target_file_size=1, max_data_files=2)
+    (report,) = m.run_due([ORDERS, ("public", "not_yet_created")])
+    assert report.compaction is not None and report.compaction.snapshot_id is None
+    assert m.run_due([ORDERS]) == []  # the same files: not planned again
+    commit_files(orders, added=[write_orders(orders, [5])], lsn=Lsn(5))
+    assert m.run_due([ORDERS]) == []  # one more file is not enough
+    commit_files(orders, added=[write_orders(orders, [6])], lsn=Lsn(6))
+    (report,) = m.run_due([ORDERS])
+    assert report.compaction is not None
