@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
+from pyiceberg.types import LongType, StringType
 
 from sparkapply.lsn import Lsn
 from sparkapply.maintain.compact import compact
@@ -15,14 +16,16 @@ from sparkapply.maintain.plan import health, plan_compaction
 from sparkapply.sink import (
     CommitConflictError,
     applied_lsn,
+    apply_evolution,
     commit_files,
     current_data_files,
     current_snapshot_id,
 )
+from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
 from tests.readers import read_with_duckdb
 from tests.sink.conftest import ORDERS
-from tests.sink.executor_files import write_orders
+from tests.sink.executor_files import order, to_arrow, write_data_file, write_orders
 
 from .conftest import arrow_ids, churn, delete_positions, files, rows
 
@@ -158,3 +161,22 @@ def test_a_compaction_refuses_an_apply_planned_before_it(
             base_snapshot_id=planned,
         )
     assert applied_lsn(catalog.load_table(ORDERS)) == Lsn(4)
+
+
+def test_compaction_across_a_schema_change(catalog: Catalog, orders: Table, spark: Any) -> None:
+    """Files written before a column was added and a type widened are rewritten in the
+    current schema: the new column null, the widened column cast."""
+    churn(orders, 3)
+    assert apply_evolution(
+        orders, add_columns=[("status", StringType())], widen=[("qty", LongType())]
+    )
+    schema = arrow_schema_of(orders)
+    newer = to_arrow([{**order(10_000), "status": "paid"}], schema)
+    commit_files(orders, added=[write_data_file(orders, newer)], lsn=Lsn(10))
+    before = rows(orders)
+    assert before[-1][-1] == "paid" and before[0][-1] is None
+    run_compact(orders, spark)
+    table = catalog.load_table(ORDERS)
+    assert rows(table) == before
+    assert health(table).data_files == 1
+    assert arrow_ids(read_with_duckdb(table)) == [r[0] for r in before]
