@@ -70,7 +70,6 @@ from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSn
 from pyiceberg.utils.concurrent import ExecutorFactory
 
 from sparkapply.errors import SinkError
-from sparkapply.failpoints import failpoint
 from sparkapply.sink.commit import CommitConflictError
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
 from sparkapply.sink.rowdelta import DeleteFileInfo, DeleteManifestWriter, position_delete_file
@@ -223,7 +222,6 @@ def commit_rewrite(
         ),
     )
     requirements = (AssertRefSnapshotId(snapshot_id=parent.snapshot_id, ref=MAIN_BRANCH),)
-    failpoint("rewrite-before-catalog")
     try:
         response = table.catalog.commit_table(table, requirements, updates)
     except CommitFailedException as exc:
