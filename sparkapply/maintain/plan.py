@@ -11,8 +11,11 @@ THE COMPACTION PLAN
   rows are deleted. How many rows a file has deleted comes from the ``file_path``
   column of the live delete files (small files; read once per plan).
 - Those files are bin-packed by their live bytes (size x live share) into groups of at
-  most the target size; one Spark task per group. A group that is one file without
-  deletes is not worth a rewrite and is dropped.
+  most the target size; one Spark task per group. Within a group, the largest file is
+  left out while it is bigger than all the others together (size tiers: a 40 MB file
+  is not rewritten to absorb 80 kB of new rows; the small files merge among
+  themselves until their tier is as big). A group that is one file without deletes is
+  not worth a rewrite and is dropped.
 - A delete file that names only rewritten files (or files no longer live) no longer
   applies: it is removed. When two or more delete files still apply, they are merged
   into one (one more task), keeping only the positions of data files that stay live.
@@ -140,8 +143,12 @@ def plan_compaction(
         if f.file_size_in_bytes < small
         or (f.record_count and deleted_rows[f.path] / f.record_count >= file_delete_ratio)
     ]
-    groups = _bin_pack(candidates, live_bytes, target_file_size)
-    groups = [g for g in groups if len(g) > 1 or deleted_rows[g[0].path] > 0]
+
+    def worth_alone(f: DataFileInfo) -> bool:  # its deleted rows justify a rewrite
+        return bool(f.record_count) and deleted_rows[f.path] / f.record_count >= file_delete_ratio
+
+    groups = [_tiered(g, worth_alone) for g in _bin_pack(candidates, live_bytes, target_file_size)]
+    groups = [g for g in groups if len(g) > 1 or (g and deleted_rows[g[0].path] > 0)]
     rewritten = {f.path for g in groups for f in g}
     keep = frozenset(f.path for f in data if f.path not in rewritten)
     drop = [d.path for d in deletes if not (set(named[d.path]) & keep)]
@@ -165,6 +172,22 @@ def _named_paths(d: DeleteFileInfo) -> Counter[str]:
     return Counter(
         {str(v["values"]): int(v["counts"]) for v in counts.to_pylist() if v["values"] is not None}
     )
+
+
+def _tiered(
+    group: list[DataFileInfo], worth_alone: Callable[[DataFileInfo], bool]
+) -> list[DataFileInfo]:
+    """The group without its largest files while each is bigger than the rest together
+    (and not worth a rewrite for its deletes): a table smaller than the target keeps its
+    big file while the small ones merge among themselves, tier by tier, so a row is
+    rewritten a logarithmic number of times, not at every compaction."""
+    members = sorted(group, key=lambda f: -f.file_size_in_bytes)
+    while len(members) > 1 and not worth_alone(members[0]):
+        rest = sum(f.file_size_in_bytes for f in members[1:])
+        if members[0].file_size_in_bytes <= rest:
+            break
+        members = members[1:]
+    return members
 
 
 def _bin_pack(

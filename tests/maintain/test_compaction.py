@@ -180,3 +180,19 @@ def test_compaction_across_a_schema_change(catalog: Catalog, orders: Table, spar
     assert rows(table) == before
     assert health(table).data_files == 1
     assert arrow_ids(read_with_duckdb(table)) == [r[0] for r in before]
+
+
+def test_a_big_file_is_not_rewritten_to_absorb_small_ones(orders: Table, spark: Any) -> None:
+    big = write_orders(orders, list(range(1, 2001)))
+    commit_files(orders, added=[big], lsn=Lsn(1))
+    for i in range(3):
+        commit_files(orders, added=[write_orders(orders, [5000 + i])], lsn=Lsn(2 + i))
+    plan = plan_compaction(orders, target_file_size=128 * MiB, file_delete_ratio=0.2)
+    assert plan is not None
+    assert len(plan.groups) == 1 and len(plan.groups[0]) == 3
+    largest = max(current_data_files(orders), key=lambda f: f.record_count)
+    assert largest.record_count == 2000 and largest.path not in plan.rewritten
+    before = rows(orders)
+    run_compact(orders, spark)
+    assert rows(orders) == before
+    assert health(orders).data_files == 2  # the big file, and the small ones merged
