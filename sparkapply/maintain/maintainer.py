@@ -132,6 +132,7 @@ class Maintainer:
         self._spark = spark
         self.clock = clock
         self._last_sweep: dict[TableIdentifier, float] = {}
+        self._tolerant = False  # between batches: a failed step is logged, not raised
         self._quiet: dict[TableIdentifier, Health] = {}  # health when a plan found nothing
 
     def spark(self) -> SparkSession:
@@ -167,7 +168,8 @@ class Maintainer:
         table = self.catalog.load_table(ident)
         before = health(table)
         now = self.clock()
-        by_ratio = before.delete_ratio > cfg.max_delete_ratio
+        # (Unless the last plan found nothing: then the file counts decide; see below.)
+        by_ratio = before.delete_ratio > cfg.max_delete_ratio and ident not in self._quiet
         compact_due = by_ratio or self._too_many_files(ident, before)
         doomed = self._doomed(table, now)
         expire_due = len(doomed) >= max(1, cfg.retain_snapshots // 10)
@@ -179,6 +181,7 @@ class Maintainer:
         ):
             return None
         report = MaintenanceReport(".".join(ident), dry_run, before)
+        self._tolerant = due_only
         if compact_due or not due_only:
             # Over the table-wide ratio, files at that ratio are worth a rewrite too.
             ratio = min(cfg.file_delete_ratio, cfg.max_delete_ratio) if by_ratio else None
@@ -189,7 +192,7 @@ class Maintainer:
             elif report.compaction is not None and not dry_run:
                 self._quiet[ident] = before  # nothing worth rewriting: see _too_many_files
         if not report.committed and (before.manifests > cfg.max_manifests or not due_only):
-            merged = self._step(report, lambda: self._merge_manifests(table, dry_run, due_only))
+            merged = self._step(report, lambda: self._merge_manifests(table, dry_run))
             if merged is not None and merged[0] != merged[1]:
                 report.manifests_merged = merged
                 report.committed = report.committed or not dry_run
@@ -250,7 +253,7 @@ class Maintainer:
             dry_run=dry_run,
         )
 
-    def _merge_manifests(self, table: Table, dry_run: bool, due_only: bool) -> tuple[int, int]:
+    def _merge_manifests(self, table: Table, dry_run: bool) -> tuple[int, int]:
         """Rewrite the current snapshot's manifests as one data and one delete manifest
         (a ``replace`` snapshot with the same files)."""
         snapshot = table.current_snapshot()
@@ -269,12 +272,15 @@ class Maintainer:
 
     def _step(self, report: MaintenanceReport, step: Callable[[], T]) -> T | None:
         """Run one step; a transient failure (a concurrent commit) is left for the
-        next run, anything else propagates."""
+        next run. Between batches every sparkapply error is (a failed maintenance step
+        leaves the table as it was, and must not stop replication); on demand, the
+        others propagate."""
         try:
             return step()
         except SparkapplyError as exc:
-            if exc.kind is not ErrorKind.TRANSIENT:
+            if exc.kind is not ErrorKind.TRANSIENT and not self._tolerant:
                 raise
-            logger.warning("maintenance of %s: %s (retried at the next run)", report.table, exc)
+            log = logger.warning if exc.kind is ErrorKind.TRANSIENT else logger.error
+            log("maintenance of %s: %s (retried at the next run)", report.table, exc)
             report.errors.append(str(exc).splitlines()[0])
             return None

@@ -4,6 +4,7 @@ on the real catalog and warehouse with a real local Spark."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,11 @@ from pyiceberg.table import Table
 
 from sparkapply.cli import main
 from sparkapply.config import MaintenanceConfig
+from sparkapply.errors import SparkapplyError
 from sparkapply.lsn import Lsn
 from sparkapply.maintain import Maintainer
 from sparkapply.maintain.plan import health
-from sparkapply.sink import applied_lsn, commit_files
+from sparkapply.sink import applied_lsn, commit_files, current_data_files
 from tests.readers import read_with_duckdb
 from tests.sink.conftest import ORDERS
 from tests.sink.executor_files import write_orders
@@ -163,3 +165,20 @@ def test_no_replanning_while_nothing_is_worth_rewriting(
     commit_files(orders, added=[write_orders(orders, [6])], lsn=Lsn(6))
     (report,) = m.run_due([ORDERS])
     assert report.compaction is not None
+
+
+def test_a_failed_step_between_batches_is_logged_not_raised(
+    catalog: Catalog, orders: Table, spark: Any
+) -> None:
+    churn(orders, 4)
+    lost = current_data_files(orders)[0].path  # a data file lost from storage
+    os.remove(lost.removeprefix("file://"))
+    listing, location = files(orders), orders.metadata_location
+    m = maintainer(catalog, spark, max_data_files=2)
+    (report,) = m.run_due([ORDERS])
+    assert report.errors and "compaction task failed" in report.errors[0]
+    assert not report.committed
+    table = catalog.load_table(ORDERS)
+    assert table.metadata_location == location and files(table) == listing
+    with pytest.raises(SparkapplyError, match="compaction task failed"):
+        m.run(ORDERS)
