@@ -26,7 +26,8 @@ AFTER A RUN
 
 A report whose ``committed`` is true changed the table's current snapshot (same rows,
 same applied LSN): a caller that caches the table object, as the apply does, must
-drop it (``Applier.forget(ident)``) so the next batch plans against the new files.
+drop it (``run_due(tables, on_commit=applier.forget)``) so the next batch plans
+against the new files.
 """
 
 from __future__ import annotations
@@ -142,9 +143,19 @@ class Maintainer:
             self._spark = self._spark()
         return self._spark
 
-    def run_due(self, tables: Iterable[TableIdentifier]) -> list[MaintenanceReport]:
+    def run_due(
+        self,
+        tables: Iterable[TableIdentifier],
+        *,
+        on_commit: Callable[[TableIdentifier], None] | None = None,
+    ) -> list[MaintenanceReport]:
         """Maintenance the thresholds call for, per table; reports of the tables where
-        something ran (see the module doc). Call between batches, on the apply thread."""
+        something ran (see the module doc). Call between batches, on the apply thread.
+
+        ``on_commit(ident)`` is called for each table whose current snapshot changed
+        (same rows, same applied LSN, other files): pass ``Applier.forget`` so that the
+        next batch re-loads the table instead of planning against files that are gone.
+        """
         reports = []
         for ident in tables:
             if not self.catalog.table_exists(ident):
@@ -152,6 +163,8 @@ class Maintainer:
             report = self._run(ident, dry_run=False, due_only=True)
             if report is not None:
                 reports.append(report)
+                if report.committed and on_commit is not None:
+                    on_commit(ident)
         return reports
 
     def run(self, ident: TableIdentifier, *, dry_run: bool = False) -> MaintenanceReport:

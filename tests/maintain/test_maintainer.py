@@ -57,7 +57,9 @@ def test_run_due_runs_what_the_thresholds_call_for(
 
     churn(orders, 2, start_lsn=3)  # 4 data files > 3
     before_rows, lsn = rows(orders), applied_lsn(orders)
-    (report,) = m.run_due([ORDERS])
+    changed: list[tuple[str, str]] = []
+    (report,) = m.run_due([ORDERS], on_commit=changed.append)
+    assert changed == [ORDERS]
     assert report.committed and report.compaction is not None
     assert report.compaction.data_files_rewritten == 4
     assert report.expiry is not None and report.expiry.snapshots_expired > 0
@@ -69,7 +71,8 @@ def test_run_due_runs_what_the_thresholds_call_for(
     assert len(table.metadata.snapshots) == 2
     assert "compaction 4 data files -> 1" in report.summary()
 
-    assert m.run_due([ORDERS]) == []  # nothing due any more
+    assert m.run_due([ORDERS], on_commit=changed.append) == []  # nothing due any more
+    assert changed == [ORDERS]
 
 
 def test_manifests_are_merged(catalog: Catalog, orders: Table, spark: Any) -> None:
