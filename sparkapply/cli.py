@@ -75,7 +75,28 @@ def _parser() -> argparse.ArgumentParser:
         help="the transaction's commit LSN X/Y, as the apply error names it (for a prepared "
         "transaction its COMMIT PREPARED or PREPARE LSN)",
     )
+    _maintain_parser(sub)
     return p
+
+
+def _maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    maintain = sub.add_parser(
+        "maintain",
+        help="compact, merge manifests, expire snapshots (deleting their files) and sweep "
+        "orphans now, whatever the thresholds",
+    )
+    maintain.add_argument("--config", required=True, help="TOML config file")
+    maintain.add_argument("--table", help="only this table, schema.table (default: all)")
+    maintain.add_argument(
+        "--dry-run", action="store_true", help="report what would be done; change nothing"
+    )
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from sparkapply.maintain.command import run_maintain
+
+    run_maintain(load_config(args.config), table=args.table, dry_run=args.dry_run)
+    return 0
 
 
 def _install_signals(stop: object) -> None:
@@ -111,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "skip": _skip,
         "demo": _demo,
         "resync": _resync,
+        "maintain": _maintain,
     }
     try:
         if getattr(args, "config", None):

@@ -80,6 +80,23 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MaintenanceConfig:
+    """``[maintenance]``: compaction, manifest merge, expiry, orphan sweep (``maintain/``)."""
+
+    enabled: bool = True  # run due maintenance between batches
+    target_file_size: int = 128 * 1024 * 1024  # bytes of a compacted data file
+    max_data_files: int = 64  # compact when a table has more live data files
+    max_delete_files: int = 16  # ... or more position-delete files
+    max_delete_ratio: float = 0.1  # ... or more deleted rows per row in its data files
+    file_delete_ratio: float = 0.2  # a data file with this share of rows deleted is rewritten
+    max_manifests: int = 32  # merge manifests when a snapshot has more
+    retain_snapshots: int = 100  # the newest snapshots expiry keeps
+    retain_seconds: float = 3600.0  # ... and every snapshot younger than this
+    orphan_grace_seconds: float = 86400.0  # unreferenced files younger than this are kept
+    orphan_interval_seconds: float = 3600.0  # how often the run loop sweeps a table
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: SourceConfig
     work_dir: Path
@@ -87,6 +104,7 @@ class Config:
     spark: SparkConfig = field(default_factory=SparkConfig)
     apply: ApplyConfig = field(default_factory=ApplyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     def table_identifier(self, schema: str, table: str) -> tuple[str, str]:
         """The Iceberg identifier of a published table (``[sink.tables]`` renames)."""
@@ -122,6 +140,19 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "max_tasks_per_table": int,
     },
     "metrics": {"port": int, "host": str},
+    "maintenance": {
+        "enabled": bool,
+        "target_file_size": int,
+        "max_data_files": int,
+        "max_delete_files": int,
+        "max_delete_ratio": (int, float),
+        "file_delete_ratio": (int, float),
+        "max_manifests": int,
+        "retain_snapshots": int,
+        "retain_seconds": (int, float),
+        "orphan_grace_seconds": (int, float),
+        "orphan_interval_seconds": (int, float),
+    },
 }
 
 
@@ -304,9 +335,16 @@ def _build(raw: Mapping[str, Any]) -> Config:
         )
     if not metrics.host:
         raise ConfigError("metrics.host must not be empty", key="metrics.host")
+    maintenance = _maintenance(dict(raw.get("maintenance", {})))
     work_dir = Path(raw.get("work_dir", ".sparkapply")).expanduser().absolute()
     return Config(
-        source=source, work_dir=work_dir, sink=sink, spark=spark, apply=apply, metrics=metrics
+        source=source,
+        work_dir=work_dir,
+        sink=sink,
+        spark=spark,
+        apply=apply,
+        metrics=metrics,
+        maintenance=maintenance,
     )
 
 
@@ -322,3 +360,25 @@ def _check_dsn(dsn: str) -> None:
             hint="write key=value pairs (host=... port=5432 dbname=... user=...) or a "
             "postgresql://user@host:port/dbname URI",
         ) from None
+
+
+def _maintenance(raw: dict[str, Any]) -> MaintenanceConfig:
+    for key in ("target_file_size", "max_data_files", "max_delete_files", "max_manifests"):
+        if key in raw and raw[key] < 1:
+            raise ConfigError(f"maintenance.{key} must be positive", key=f"maintenance.{key}")
+    if raw.get("retain_snapshots", 1) < 1:
+        raise ConfigError(
+            "maintenance.retain_snapshots must be at least 1 (the current snapshot)",
+            key="maintenance.retain_snapshots",
+        )
+    for key in ("max_delete_ratio", "file_delete_ratio"):
+        if key in raw:
+            raw[key] = float(raw[key])
+            if not 0 < raw[key] <= 1:
+                raise ConfigError(f"maintenance.{key} must be in (0, 1]", key=f"maintenance.{key}")
+    for key in ("retain_seconds", "orphan_grace_seconds", "orphan_interval_seconds"):
+        if key in raw:
+            raw[key] = float(raw[key])
+            if raw[key] < 0:
+                raise ConfigError(f"maintenance.{key} must be 0 or more", key=f"maintenance.{key}")
+    return MaintenanceConfig(**raw)

@@ -54,6 +54,7 @@ from sparkapply.copy.driver import PUBLICATION_CHECK_INTERVAL, TableCopier
 from sparkapply.errors import ErrorKind, SparkapplyError, SparkJobError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import INVALID_LSN, Lsn
+from sparkapply.maintain.maintainer import Maintainer
 from sparkapply.metrics import Metrics
 from sparkapply.scheduler import Batch, BatchScheduler
 from sparkapply.source.connection import ReplicationConnection
@@ -204,7 +205,8 @@ class Subscriber:
                 table_map=dict(cfg.sink.tables),
                 proto_version=protocol.proto_version,
                 streaming=protocol.streaming,
-                retain_snapshots=cfg.sink.retain_snapshots,
+                # With maintenance on, its expiry (which frees storage) is the one.
+                retain_snapshots=0 if cfg.maintenance.enabled else cfg.sink.retain_snapshots,
                 split_bytes=cfg.apply.split_bytes,
                 max_tasks_per_table=cfg.apply.max_tasks_per_table,
             )
@@ -218,7 +220,10 @@ class Subscriber:
                 ),
                 slot.confirmed_flush,
             )
-            job = _ApplyJob(applier, copier)
+            maintainer = (
+                Maintainer(cfg.maintenance, spark, catalog) if cfg.maintenance.enabled else None
+            )
+            job = _ApplyJob(applier, copier, maintainer)
             return self._loop(stream, assembler, progress, scheduler, job, target)
         finally:
             conn.close()
@@ -331,9 +336,12 @@ class _ApplyJob:
     batch. The copier and the applier do not know each other; the tables a copy
     committed are dropped from the applier's cache here."""
 
-    def __init__(self, applier: Applier, copier: TableCopier) -> None:
+    def __init__(
+        self, applier: Applier, copier: TableCopier, maintainer: Maintainer | None = None
+    ) -> None:
         self.applier = applier
         self.copier = copier
+        self.maintainer = maintainer
 
     def apply(self, batch: Batch) -> tuple[BatchStats, float]:
         started = time.monotonic()
@@ -349,6 +357,9 @@ class _ApplyJob:
             if lost is None:
                 raise
             raise lost from exc
+        if self.maintainer is not None:
+            # Between batches, on this thread: never racing the apply of a table.
+            self.maintainer.run_due(self.applier.known_tables(), on_commit=self.applier.forget)
         return stats, time.monotonic() - started
 
     def refresh(self) -> None:

@@ -99,6 +99,7 @@ class Applier:
         self.streaming = streaming
         self._tables: dict[TableIdent, Table] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
+        self._known: set[TableIdent] = set()
         self.retain_snapshots = retain_snapshots
         self.split_bytes = split_bytes
         self.max_tasks_per_table = max_tasks_per_table
@@ -108,6 +109,10 @@ class Applier:
 
     def applied(self, ident: tuple[str, str]) -> Lsn:
         return self._applied.get(ident, Lsn(0))
+
+    def known_tables(self) -> list[TableIdent]:
+        """Every table this applier has written to or loaded (for maintenance)."""
+        return sorted(self._known)
 
     def forget(self, ident: TableIdent) -> None:
         """Drop what is cached of a table another writer (the copy) committed to."""
@@ -237,6 +242,7 @@ class Applier:
             log.warning("%s", exc)
 
     def _table(self, ident: TableIdent, rels: list[tuple[m.Relation, Lsn]]) -> Table:
+        self._known.add(ident)
         table = self._tables.get(ident)
         if table is None:
             first = _full_identity(rels[0][0])

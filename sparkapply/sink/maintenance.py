@@ -1,4 +1,4 @@
-"""Snapshot expiry: what keeps a commit's cost flat over a table's lifetime.
+"""Snapshot expiry that frees storage, and the orphan sweep.
 
 A commit costs time proportional to the number of snapshots the table keeps (pyiceberg
 deep-copies the whole table metadata a dozen times per commit; the metadata file
@@ -6,53 +6,339 @@ written per commit lists every snapshot). On a 2-core machine a 1-file commit ta
 ~20 ms on a new table and ~0.6 s after 300 snapshots, so a subscriber committing
 every second must expire snapshots regularly, as every streaming Iceberg writer does.
 
-Expiry here only removes snapshots from the metadata. The data and manifest files
-only they referenced stay on storage until an orphan-file sweep (Spark's
-``remove_orphan_files``/``expire_snapshots`` procedures) deletes them. The applied
-LSN survives expiry (``progress.py``: the ``sparkapply.applied-lsn`` property).
+WHAT EXPIRY DELETES
+
+:func:`expire_snapshots` only removes snapshots from the metadata (the apply's cheap
+bound on metadata size). :func:`expire_and_delete` also deletes the files that only the
+expired snapshots referenced, in this order:
+
+1. Before the commit, collect every file the doomed snapshots reference: manifest
+   lists, manifests, and the data and delete files of every entry (any status).
+2. One metadata commit removes the snapshots (pyiceberg's expiry; branch and tag
+   heads are never expired).
+3. From the metadata as committed, collect what the retained snapshots reference:
+   manifest lists, manifests, and the files of live entries (ADDED, EXISTING). A file
+   only a DELETED entry names is not read by any retained snapshot.
+4. Delete (1) minus (3), then old metadata JSON files: those no longer listed in the
+   metadata log and older than its oldest entry (the row-delta commit does not prune
+   them as pyiceberg's own commits do).
+
+A crash between 2 and 4 leaves files no snapshot references: the orphan sweep deletes
+them once they are older than its grace period. Files a concurrent writer is adding are
+never in (1), so expiry cannot delete them.
+
+THE ORPHAN SWEEP
+
+:func:`sweep_orphans` lists everything under the table's location and deletes data,
+delete, manifest and metadata files that no snapshot of the current metadata (live
+entries, manifests, manifest lists), no metadata-log entry and no statistics file
+references, and that are older than the grace period: leftovers of crashed writes and
+of expiries that did not finish. The grace period is what protects a commit in flight
+(its files exist before the catalog points at them): it must exceed the longest
+write-to-commit time of every writer of the table (24 h by default). Only files named
+like Iceberg's (``.parquet``, ``.avro``, ``.orc``, ``.puffin``, ``.metadata.json``) are
+ever deleted.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
+import pyarrow.fs as pafs
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import ManifestFile
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 
 from sparkapply.errors import SinkArgumentError, SinkError
+from sparkapply.failpoints import failpoint
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
+
+_DELETABLE = (".parquet", ".avro", ".orc", ".puffin", ".metadata.json")
+_METADATA_VERSION = re.compile(r"^(\d+)-.*\.metadata\.json$")
 
 
 def expire_snapshots(table: Table, *, older_than: dt.datetime, retain_last: int = 1) -> int:
     """Expire the snapshots older than ``older_than`` (aware datetime) but keep at
     least the ``retain_last`` newest and every branch or tag head; return how many
     were expired. One metadata commit; a concurrent commit makes it a
-    :class:`SinkError` that can simply be retried later."""
-    if older_than.tzinfo is None:
-        raise SinkArgumentError("older_than must be timezone-aware", table=table_name(table))
-    if retain_last < 1:
-        raise SinkArgumentError("retain_last must be at least 1", table=table_name(table))
-    stamps = sorted(s.timestamp_ms for s in table.metadata.snapshots)
-    cutoff_ms = int(older_than.timestamp() * 1000)
-    if len(stamps) <= retain_last:
+    :class:`SinkError` that can simply be retried later. Files stay on storage (see
+    :func:`expire_and_delete`)."""
+    doomed = doomed_snapshots(table.metadata, older_than=older_than, retain_last=retain_last)
+    if not doomed:
         return 0
-    # Snapshots strictly older than the cutoff go; the retain_last newest are not.
-    cutoff_ms = min(cutoff_ms, stamps[-retain_last])
-    doomed = sum(1 for stamp in stamps if stamp < cutoff_ms)
-    if doomed == 0:
-        return 0
-    cutoff = dt.datetime.fromtimestamp(cutoff_ms / 1000, tz=dt.UTC)
     before = len(table.metadata.snapshots)
+    _commit_expiry(table, doomed)
+    expired = before - len(table.metadata.snapshots)
+    logger.info("expired %d snapshots of %s", expired, table_name(table))
+    return expired
+
+
+def doomed_snapshots(
+    metadata: TableMetadata, *, older_than: dt.datetime, retain_last: int
+) -> list[int]:
+    """The snapshots to expire: older than ``older_than``, not among the
+    ``retain_last`` newest, not a branch or tag head."""
+    if older_than.tzinfo is None:
+        raise SinkArgumentError("older_than must be timezone-aware")
+    if retain_last < 1:
+        raise SinkArgumentError("retain_last must be at least 1")
+    snapshots = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+    cutoff_ms = int(older_than.timestamp() * 1000)
+    heads = {ref.snapshot_id for ref in metadata.refs.values()}
+    candidates = snapshots[:-retain_last] if len(snapshots) > retain_last else []
+    return [
+        s.snapshot_id
+        for s in candidates
+        if s.timestamp_ms < cutoff_ms and s.snapshot_id not in heads
+    ]
+
+
+def _commit_expiry(table: Table, doomed: list[int]) -> None:
     try:
-        table.maintenance.expire_snapshots().older_than(cutoff).commit()
+        table.maintenance.expire_snapshots().by_ids(doomed).commit()
     except Exception as exc:
         raise SinkError(
             f"cannot expire snapshots: {type(exc).__name__}: {exc}",
             table=table_name(table),
             hint="expiry is maintenance; it can be retried at the next interval",
         ) from exc
-    expired = before - len(table.metadata.snapshots)
-    logger.info("expired %d snapshots of %s", expired, table_name(table))
-    return expired
+
+
+@dataclass(slots=True)
+class ExpiryOutcome:
+    snapshots_expired: int = 0
+    files_deleted: int = 0
+    bytes_deleted: int = 0
+    metadata_files_deleted: int = 0
+    deleted: list[str] = field(default_factory=list)  # the files (or, dry run: would be)
+
+
+def expire_and_delete(
+    table: Table, *, older_than: dt.datetime, retain_last: int, dry_run: bool = False
+) -> ExpiryOutcome:
+    """Expire snapshots as :func:`expire_snapshots` does and delete the files only they
+    referenced (see the module doc). ``dry_run``: commit and delete nothing; report
+    what would be."""
+    outcome = ExpiryOutcome()
+    metadata = table.metadata
+    doomed = doomed_snapshots(metadata, older_than=older_than, retain_last=retain_last)
+    io = table.io
+    cache: dict[str, list[tuple[str, int, bool]]] = {}
+    if doomed:
+        candidates: dict[str, int] = {}
+        for path, size, _live in _referenced(metadata, io, doomed, cache):
+            candidates[path] = size
+        if dry_run:
+            kept_ids = [s.snapshot_id for s in metadata.snapshots if s.snapshot_id not in doomed]
+        else:
+            before = len(metadata.snapshots)
+            _commit_expiry(table, doomed)
+            outcome.snapshots_expired = before - len(table.metadata.snapshots)
+            failpoint("expire-before-delete")
+            kept_ids = [s.snapshot_id for s in table.metadata.snapshots]
+        if dry_run:
+            outcome.snapshots_expired = len(doomed)
+        keep = {
+            _key(path)
+            for path, _size, live in _referenced(table.metadata, io, kept_ids, cache)
+            if live
+        }
+        for path, size in candidates.items():
+            if _key(path) in keep:
+                continue
+            if dry_run or _delete(io, path):
+                outcome.files_deleted += 1
+                outcome.bytes_deleted += size
+                outcome.deleted.append(path)
+    for path, size in _stale_metadata_files(table):
+        if dry_run or _delete(io, path):
+            outcome.metadata_files_deleted += 1
+            outcome.bytes_deleted += size
+            outcome.deleted.append(path)
+    if outcome.snapshots_expired or outcome.deleted:
+        logger.info(
+            "%s %s: %d snapshots expired, %d files and %d metadata files (%d bytes) deleted",
+            "would expire" if dry_run else "expired",
+            table_name(table),
+            outcome.snapshots_expired,
+            outcome.files_deleted,
+            outcome.metadata_files_deleted,
+            outcome.bytes_deleted,
+        )
+    return outcome
+
+
+def _referenced(
+    metadata: TableMetadata,
+    io: FileIO,
+    snapshot_ids: Iterable[int],
+    cache: dict[str, list[tuple[str, int, bool]]],
+) -> Iterator[tuple[str, int, bool]]:
+    """(path, size, live) of every file the snapshots reference: their manifest lists
+    and manifests (live), and the files their manifests' entries name (live unless the
+    entry is DELETED). ``cache`` keeps each manifest's entries across calls."""
+    for snapshot_id in snapshot_ids:
+        snapshot = metadata.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            continue
+        yield snapshot.manifest_list, 0, True
+        for manifest in snapshot.manifests(io):
+            yield manifest.manifest_path, manifest.manifest_length, True
+            yield from _entries(manifest, io, cache)
+
+
+def _entries(
+    manifest: ManifestFile, io: FileIO, cache: dict[str, list[tuple[str, int, bool]]]
+) -> list[tuple[str, int, bool]]:
+    entries = cache.get(manifest.manifest_path)
+    if entries is None:
+        from pyiceberg.manifest import ManifestEntryStatus
+
+        entries = [
+            (
+                e.data_file.file_path,
+                e.data_file.file_size_in_bytes,
+                e.status != ManifestEntryStatus.DELETED,
+            )
+            for e in manifest.fetch_manifest_entry(io, discard_deleted=False)
+        ]
+        cache[manifest.manifest_path] = entries
+    return entries
+
+
+def referenced_files(table: Table) -> set[str]:
+    """Every file the current metadata references (normalised by :func:`_key`): the
+    metadata files of the log, statistics files, and for every snapshot its manifest
+    list, manifests and the files of live entries."""
+    metadata = table.metadata
+    cache: dict[str, list[tuple[str, int, bool]]] = {}
+    keep = {
+        _key(path)
+        for path, _size, live in _referenced(
+            metadata, table.io, [s.snapshot_id for s in metadata.snapshots], cache
+        )
+        if live
+    }
+    keep.add(_key(table.metadata_location))
+    keep.update(_key(entry.metadata_file) for entry in metadata.metadata_log)
+    for stats in [*metadata.statistics, *metadata.partition_statistics]:
+        keep.add(_key(stats.statistics_path))
+    return keep
+
+
+@dataclass(slots=True)
+class OrphanOutcome:
+    files_deleted: int = 0
+    bytes_deleted: int = 0
+    deleted: list[str] = field(default_factory=list)
+    too_young: int = 0  # unreferenced files inside the grace period, kept
+
+
+def sweep_orphans(table: Table, *, older_than: dt.datetime, dry_run: bool = False) -> OrphanOutcome:
+    """Delete the files under the table's location that the current metadata does not
+    reference and that were last modified before ``older_than``; see the module doc.
+
+    The table is refreshed first, so that a commit that landed since it was loaded
+    protects its files."""
+    if older_than.tzinfo is None:
+        raise SinkArgumentError("older_than must be timezone-aware")
+    try:
+        table.refresh()
+    except Exception as exc:
+        raise SinkError(
+            f"cannot refresh the table before the orphan sweep: {exc}",
+            table=table_name(table),
+            hint="nothing was deleted; the sweep runs again at the next interval",
+        ) from exc
+    keep = referenced_files(table)
+    outcome = OrphanOutcome()
+    for path, size, mtime in list_files(table.location()):
+        if not path.endswith(_DELETABLE) or _key(path) in keep:
+            continue
+        if mtime >= older_than:
+            outcome.too_young += 1
+            continue
+        if dry_run or _delete(table.io, path):
+            outcome.files_deleted += 1
+            outcome.bytes_deleted += size
+            outcome.deleted.append(path)
+    if outcome.deleted:
+        logger.info(
+            "%s %d orphan files (%d bytes) of %s",
+            "would remove" if dry_run else "removed",
+            outcome.files_deleted,
+            outcome.bytes_deleted,
+            table_name(table),
+        )
+    return outcome
+
+
+def list_files(location: str) -> Iterator[tuple[str, int, dt.datetime]]:
+    """(URI, size, modification time) of every file under ``location``."""
+    scheme = urlsplit(location).scheme
+    if scheme in ("", "file"):
+        fs: pafs.FileSystem = pafs.LocalFileSystem()
+        root = urlsplit(location).path if scheme else location
+    else:
+        fs, root = pafs.FileSystem.from_uri(location)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    except OSError as exc:
+        raise SinkError(f"cannot list {location}: {exc}", hint="nothing was deleted") from exc
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        mtime = info.mtime or dt.datetime.now(dt.UTC)
+        if mtime.tzinfo is None:
+            mtime = mtime.replace(tzinfo=dt.UTC)
+        uri = ("file://" + info.path) if scheme in ("", "file") else f"{scheme}://{info.path}"
+        yield uri, int(info.size or 0), mtime
+
+
+def _stale_metadata_files(table: Table) -> list[tuple[str, int]]:
+    """Metadata JSON files older than the oldest one the metadata log keeps."""
+    logged = [entry.metadata_file for entry in table.metadata.metadata_log]
+    versions = [v for v in (_version(p) for p in [*logged, table.metadata_location]) if v >= 0]
+    if not versions:
+        return []
+    oldest = min(versions)
+    keep = {_key(p) for p in [*logged, table.metadata_location]}
+    directory = table.metadata_location.rsplit("/", 1)[0]
+    stale = []
+    for path, size, _mtime in list_files(directory):
+        version = _version(path)
+        if 0 <= version < oldest and _key(path) not in keep:
+            stale.append((path, size))
+    return stale
+
+
+def _version(path: str) -> int:
+    match = _METADATA_VERSION.match(path.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else -1
+
+
+def _key(path: str) -> str:
+    """One spelling per file: ``file:///a``, ``file:/a`` and ``/a`` are the same file."""
+    parts = urlsplit(path)
+    if parts.scheme in ("", "file"):
+        return parts.path
+    return f"{parts.scheme}://{parts.netloc}{parts.path}"
+
+
+def _delete(io: FileIO, path: str) -> bool:
+    try:
+        io.delete(path)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:  # a leftover wastes space; it is never read
+        logger.warning("cannot delete %s: %s", path, exc)
+        return False
+    return True

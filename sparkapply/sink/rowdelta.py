@@ -124,6 +124,10 @@ class _DeleteManifestWriter(ManifestWriterV2):
         return {**super()._meta, "content": "deletes"}
 
 
+DeleteManifestWriter = _DeleteManifestWriter
+"""The delete-manifest writer, for the other snapshot producers in sink/ (rewrite.py)."""
+
+
 @dataclass(slots=True)
 class StagedRowDelta:
     snapshot_id: int

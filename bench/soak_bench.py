@@ -1,0 +1,270 @@
+"""Soak: many small mixed batches on a prefilled table, with maintenance on and off.
+
+    python bench/soak_bench.py                       # 2,000 batches on 1,000,000 rows
+    python bench/soak_bench.py --rows 20000 --batches 30 --max-data-files 8  # a smoke run
+
+For each mode (``--modes on,off``): a bundled PostgreSQL 16 publisher with ``orders``
+prefilled with ``--rows`` rows; sparkapply (``local[2]``) copies it; then
+``--batches`` rounds, each ONE transaction inserting ``--inserts`` new rows, updating
+``--updates`` random rows and deleting ``--deletes`` random rows, drained by
+``Subscriber.run(until_caught_up=True)``. With maintenance on,
+``Maintainer.run_due`` runs after each round (between batches, as the run loop does),
+with ``[maintenance]`` defaults except the retention (``--retain`` snapshots, no age
+window, so that what a soak of an hour measures is the steady state) and the options
+given. With it off, only the apply's own metadata expiry (``[sink] retain_snapshots``)
+runs, as before maintenance existed.
+
+Reported per mode (and written to ``bench/results/soak.json``):
+
+- the Iceberg commit time of each batch (``commit_files``), median and mean of the
+  first and the last 100 batches, and their ratio (the goal: last <= 1.5 x first);
+- data files + delete files of the table, at the end and the maximum seen;
+- bytes under the table's location against the bytes of the live rows (the table read
+  back and written as one Parquet file): the goal is <= 1.5 (at a small ``--rows`` the
+  metadata the table keeps, reported apart, dominates);
+- seconds spent in maintenance; and rows equal to the publisher (count, sum of ids,
+  sum of amounts), checked every 100 batches and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from apply_bench import (
+    DDL,
+    PUBLICATION,
+    SETTINGS,
+    TABLE,
+    checksum,
+    code_version,
+    iceberg_checksum,
+    prefill,
+    sparkapply_config,
+    start_spark,
+)
+
+from sparkapply.embedded import EmbeddedPostgres
+
+IDENT = ("public", TABLE)
+INSERT = (
+    "INSERT INTO orders SELECT g, g %% 100000, (g %% 1000000) / 100.0, 'new',"
+    " now(), md5(g::text) FROM generate_series(%s::bigint, %s::bigint) g"
+)
+UPDATE = (
+    "UPDATE orders SET amount = amount + 1, status = 'soaked', note = left(note, 40) || '+'"
+    " WHERE id = ANY(%s)"
+)
+DELETE = "DELETE FROM orders WHERE id = ANY(%s)"
+
+
+def _window(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "mean": statistics.fmean(values)}
+
+
+def live_data_bytes(table: Any) -> int:
+    """The table's live rows written as one Parquet file (the floor for its storage)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.scan().to_arrow(), sink)
+    return int(sink.getvalue().size)
+
+
+def warehouse_bytes(table: Any) -> tuple[int, int, int]:
+    """Bytes and files under the table's location, and the bytes of its metadata
+    (metadata JSON, manifest lists, manifests: the table keeps up to
+    ``write.metadata.previous-versions-max`` = 100 metadata JSON files)."""
+    from sparkapply.sink.maintenance import list_files
+
+    listed = [(path, size) for path, size, _mtime in list_files(table.location())]
+    metadata = sum(size for path, size in listed if "/metadata/" in path)
+    return sum(size for _, size in listed), len(listed), metadata
+
+
+def soak(spark: Any, root: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    import sparkapply.apply.batch as batch_mod
+    from sparkapply.config import MaintenanceConfig
+    from sparkapply.maintain import Maintainer
+    from sparkapply.maintain.plan import health
+    from sparkapply.subscriber import Subscriber
+
+    pub = EmbeddedPostgres(root / f"pub-{mode}", settings=SETTINGS)
+    pub.start()
+    commit_seconds: list[float] = []
+    real_commit = batch_mod.commit_files  # type: ignore[attr-defined]
+
+    def timed_commit(*a: Any, **kw: Any) -> int:
+        t = time.perf_counter()
+        try:
+            return real_commit(*a, **kw)
+        finally:
+            commit_seconds.append(time.perf_counter() - t)
+
+    try:
+        dsn = pub.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(DDL)
+            conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
+        prefill(dsn, args.rows)
+        config = sparkapply_config(dsn, root / f"work-{mode}", f"soak_{mode}")
+        sub = Subscriber(config, spark=spark)
+        sub.run(until_caught_up=True)
+        catalog = sub._catalog
+        assert catalog is not None
+        maintainer = None
+        if mode == "on":
+            maintainer = Maintainer(
+                MaintenanceConfig(
+                    target_file_size=args.target_mib * 1024 * 1024,
+                    max_data_files=args.max_data_files,
+                    max_delete_files=args.max_delete_files,
+                    retain_snapshots=args.retain,
+                    retain_seconds=0.0,
+                    orphan_interval_seconds=1e9,  # nothing crashes here
+                ),
+                spark,
+                catalog,
+            )
+        rnd = random.Random(args.rows)
+        next_id = args.rows + 1
+        max_files = 0
+        maintenance_seconds = 0.0
+        batch_commits: list[float] = []
+        checks = 0
+        setattr(batch_mod, "commit_files", timed_commit)  # noqa: B010
+        try:
+            for b in range(args.batches):
+                with psycopg.connect(dsn) as conn:
+                    conn.execute(INSERT, (next_id, next_id + args.inserts - 1))
+                    conn.execute(UPDATE, (rnd.sample(range(1, next_id), args.updates),))
+                    conn.execute(DELETE, (rnd.sample(range(1, next_id), args.deletes),))
+                    conn.commit()
+                next_id += args.inserts
+                before = len(commit_seconds)
+                Subscriber(config, spark=spark, catalog=catalog).run(until_caught_up=True)
+                batch_commits.append(sum(commit_seconds[before:]))
+                if maintainer is not None:
+                    t = time.perf_counter()
+                    maintainer.run_due([IDENT])
+                    maintenance_seconds += time.perf_counter() - t
+                h = health(catalog.load_table(IDENT))
+                max_files = max(max_files, h.files)
+                if (b + 1) % 100 == 0 or b + 1 == args.batches:
+                    _check(dsn, catalog)
+                    checks += 1
+                    print(
+                        f"# {mode}: batch {b + 1}: commit {batch_commits[-1] * 1000:.0f} ms, "
+                        f"{h.data_files}+{h.delete_files} files, {h.snapshots} snapshots",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        finally:
+            setattr(batch_mod, "commit_files", real_commit)  # noqa: B010
+        table = catalog.load_table(IDENT)
+        h = health(table)
+        stored, stored_files, metadata_bytes = warehouse_bytes(table)
+        live = live_data_bytes(table)
+        window = min(100, max(1, len(batch_commits) // 2))
+        first, last = _window(batch_commits[:window]), _window(batch_commits[-window:])
+        return {
+            "mode": mode,
+            "batches": args.batches,
+            "window": window,
+            "commit_first_ms": {k: round(v * 1000, 1) for k, v in first.items()},
+            "commit_last_ms": {k: round(v * 1000, 1) for k, v in last.items()},
+            "commit_ratio_median": last["median"] / first["median"],
+            "data_files": h.data_files,
+            "delete_files": h.delete_files,
+            "max_files": max_files,
+            "snapshots": h.snapshots,
+            "warehouse_bytes": stored,
+            "warehouse_files": stored_files,
+            "metadata_bytes": metadata_bytes,
+            "live_bytes": live,
+            "bytes_ratio": stored / live if live else None,
+            "maintenance_seconds": round(maintenance_seconds, 2),
+            "rows_equal": True,  # _check raised otherwise
+            "checks": checks,
+        }
+    finally:
+        pub.stop("immediate")
+
+
+def _check(dsn: str, catalog: Any) -> None:
+    with psycopg.connect(dsn) as conn:
+        expected = checksum(conn)
+    got = iceberg_checksum(catalog)
+    if (got.count, got.sum_id, got.sum_amount) != (
+        expected.count,
+        expected.sum_id,
+        expected.sum_amount,
+    ):
+        raise SystemExit(f"rows differ from the publisher: {got} != {expected}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batches", type=int, default=2_000)
+    parser.add_argument("--inserts", type=int, default=50)
+    parser.add_argument("--updates", type=int, default=50)
+    parser.add_argument("--deletes", type=int, default=10)
+    parser.add_argument("--modes", default="on,off")
+    parser.add_argument("--retain", type=int, default=10, help="snapshots expiry keeps")
+    parser.add_argument("--target-mib", type=int, default=128)
+    parser.add_argument("--max-data-files", type=int, default=64)
+    parser.add_argument("--max-delete-files", type=int, default=16)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    out = args.out or Path(__file__).resolve().parent / "results" / "soak.json"
+    # Spark's Python workers unpickle apply_bench's warm-up function by module name.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")) if p
+    )
+    spark, _, _ = start_spark()
+    root = Path(tempfile.mkdtemp(prefix="sparkapply-soak-"))
+    os.chmod(root, 0o755)
+    results = []
+    try:
+        for mode in args.modes.split(","):
+            results.append(soak(spark, root, mode, args))
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print(
+        f"{'maintenance':>12}{'commit first':>14}{'last':>10}{'ratio':>7}{'files':>7}"
+        f"{'max':>6}{'bytes/live':>12}{'maint s':>9}  rows"
+    )
+    for r in results:
+        ratio = r["bytes_ratio"]
+        print(
+            f"{r['mode']:>12}{r['commit_first_ms']['median']:>11.1f} ms"
+            f"{r['commit_last_ms']['median']:>7.1f} ms{r['commit_ratio_median']:>7.2f}"
+            f"{r['data_files'] + r['delete_files']:>7}{r['max_files']:>6}"
+            f"{ratio if ratio is None else f'{ratio:.2f}':>12}{r['maintenance_seconds']:>9.1f}"
+            f"  {'equal' if r['rows_equal'] else 'DIFFER'}"
+        )
+    report: dict[str, Any] = {"benchmark": "soak_bench", "args": vars(args) | {"out": str(out)}}
+    report |= {"code": code_version(), "modes": results}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""Compaction as one Spark job per table; the driver commits one ``replace`` snapshot.
+
+ORDER AND FAILURE
+
+1. Plan against the table's current snapshot (``plan.py``).
+2. One Spark job: a task per group of data files (rewrite without deleted rows) and
+   one task merging the delete files that still apply. Each task removes what it wrote
+   if it fails; then the driver removes every other task's files and raises.
+3. Failpoint ``compact-before-commit``: files written, nothing committed. A crash here
+   leaves unreferenced files, which the orphan sweep removes after its grace period;
+   the table is unchanged.
+4. One catalog commit (``sink/rewrite.py``) on the planned snapshot. If the table moved
+   on (an apply commit landed), nothing lands: the new files are removed and the error
+   (:class:`~sparkapply.sink.commit.CommitConflictError`, transient) tells the caller
+   to plan again later. The rows and the applied LSN are the same either way.
+
+It must not run while an apply of the same table is between planning and commit (the
+apply's row delta names row positions of the files compaction removes; the apply's
+commit asserts its base snapshot, so it would be refused, not corrupted). The run loop
+calls it on the apply thread, between batches (``maintainer.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sparkapply.errors import SparkapplyError
+from sparkapply.failpoints import failpoint
+from sparkapply.maintain.plan import CompactionPlan, plan_compaction
+from sparkapply.maintain.tasks import MergeDeletesTask, RewriteTask, TaskResult, run_task
+from sparkapply.sink.arrow import arrow_schema_of
+from sparkapply.sink.files import remove_orphans
+from sparkapply.sink.rewrite import commit_rewrite
+from sparkapply.sink.tables import data_directory, table_name
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CompactionOutcome:
+    data_files_rewritten: int = 0
+    data_files_added: int = 0
+    delete_files_removed: int = 0
+    delete_files_added: int = 0
+    bytes_rewritten: int = 0  # input data files
+    bytes_written: int = 0
+    rows: int = 0
+    snapshot_id: int | None = None  # None: nothing committed (nothing to do, or dry run)
+
+
+def compact(
+    table: Table,
+    spark: Callable[[], SparkSession],
+    *,
+    target_file_size: int,
+    file_delete_ratio: float,
+    dry_run: bool = False,
+) -> CompactionOutcome:
+    """Compact ``table`` (see the module doc); ``spark`` is called only when there is
+    work. ``dry_run``: plan and report, write nothing."""
+    plan = plan_compaction(
+        table, target_file_size=target_file_size, file_delete_ratio=file_delete_ratio
+    )
+    outcome = CompactionOutcome()
+    if plan is None:
+        return outcome
+    outcome.data_files_rewritten = len(plan.rewritten)
+    outcome.delete_files_removed = len(plan.drop_deletes) + len(plan.merge_deletes)
+    outcome.bytes_rewritten = sum(f.file_size_in_bytes for g in plan.groups for f in g)
+    if dry_run:
+        return outcome
+    results = _run_job(spark(), _tasks(table, plan, target_file_size))
+    added = [p for r in results for p in r.added]
+    merged = [r.deletes for r in results if r.deletes is not None]
+    written = [*added, *(d.path for d in merged)]
+    failed = [r for r in results if r.error is not None]
+    if failed:
+        remove_orphans(table, written)
+        err = failed[0].error
+        assert err is not None
+        raise err
+    failpoint("compact-before-commit")
+    try:
+        committed = commit_rewrite(
+            table,
+            base_snapshot_id=plan.base_snapshot_id,
+            added_data=added,
+            added_deletes=merged,
+            removed=plan.removed,
+        )
+    except SparkapplyError:
+        remove_orphans(table, written)
+        raise
+    outcome.snapshot_id = committed.snapshot_id
+    outcome.data_files_added = committed.data_files_added
+    outcome.delete_files_added = committed.delete_files_added
+    outcome.bytes_written = sum(r.bytes_out for r in results)
+    outcome.rows = sum(r.rows_out for r in results if r.added)
+    logger.info(
+        "compacted %s: %d data files (%d bytes) into %d, %d delete files into %d, "
+        "%d rows; snapshot %s",
+        table_name(table),
+        outcome.data_files_rewritten,
+        outcome.bytes_rewritten,
+        outcome.data_files_added,
+        outcome.delete_files_removed,
+        outcome.delete_files_added,
+        outcome.rows,
+        committed.snapshot_id,
+    )
+    return outcome
+
+
+def _tasks(
+    table: Table, plan: CompactionPlan, target_file_size: int
+) -> list[RewriteTask | MergeDeletesTask]:
+    name = table_name(table)
+    schema = arrow_schema_of(table)
+    data_dir = data_directory(table)
+    tasks: list[RewriteTask | MergeDeletesTask] = [
+        RewriteTask(name, group, plan.delete_files, schema, data_dir, target_file_size)
+        for group in plan.groups
+    ]
+    if plan.merge_deletes:
+        tasks.append(MergeDeletesTask(name, plan.merge_deletes, plan.keep_paths, schema, data_dir))
+    return tasks
+
+
+def _run_job(spark: SparkSession, tasks: list[RewriteTask | MergeDeletesTask]) -> list[TaskResult]:
+    """One job, one partition per task."""
+    if not tasks:
+        return []
+    rdd = spark.sparkContext.parallelize(tasks, len(tasks))
+    results: list[TaskResult] = rdd.map(run_task).collect()
+    return results

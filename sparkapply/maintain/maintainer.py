@@ -1,0 +1,299 @@
+"""The maintenance policy: what runs when, per table, and the report of each run.
+
+WHEN
+
+:meth:`Maintainer.run_due` is for the run loop, between batches, on the apply thread
+(never concurrently with an apply of the same table: see ``compact.py``). Per table it
+reads the current snapshot's health (summary totals and manifest count, no data file
+read) and runs only what a threshold calls for, in this order:
+
+1. compaction, when the table has more than ``max_data_files`` data files, more than
+   ``max_delete_files`` delete files, or more than ``max_delete_ratio`` of its rows
+   deleted by position deletes;
+2. manifest merge, when the current snapshot has more than ``max_manifests`` manifests
+   (a compaction merges them as it commits);
+3. expiry with file deletion, when at least a tenth of ``retain_snapshots`` (at least
+   one) snapshots are older than ``retain_seconds`` and beyond the newest
+   ``retain_snapshots``;
+4. the orphan sweep, at most every ``orphan_interval_seconds`` per table (the first
+   call sweeps at once: that is what clears a crashed run's leftovers).
+
+:meth:`Maintainer.run` is ``sparkapply maintain``: every step that has anything to do,
+thresholds ignored (``dry_run`` commits and deletes nothing). A conflict with a
+concurrent commit (transient) is logged and left for the next run.
+
+AFTER A RUN
+
+A report whose ``committed`` is true changed the table's current snapshot (same rows,
+same applied LSN): a caller that caches the table object, as the apply does, must
+drop it (``run_due(tables, on_commit=applier.forget)``) so the next batch plans
+against the new files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from sparkapply.config import MaintenanceConfig
+from sparkapply.errors import ErrorKind, SparkapplyError
+from sparkapply.maintain.compact import CompactionOutcome, compact
+from sparkapply.maintain.plan import Health, health
+from sparkapply.sink.maintenance import (
+    ExpiryOutcome,
+    OrphanOutcome,
+    doomed_snapshots,
+    expire_and_delete,
+    sweep_orphans,
+)
+from sparkapply.sink.rewrite import commit_rewrite
+from sparkapply.sink.tables import TableIdentifier
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class MaintenanceReport:
+    """What one maintenance run did to one table."""
+
+    table: str
+    dry_run: bool
+    before: Health
+    after: Health | None = None
+    compaction: CompactionOutcome | None = None
+    manifests_merged: tuple[int, int] | None = None  # (before, after)
+    expiry: ExpiryOutcome | None = None
+    orphans: OrphanOutcome | None = None
+    seconds: float = 0.0
+    committed: bool = False  # a snapshot was committed: drop cached table objects
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        after = self.after or self.before
+        parts = [
+            f"{self.table}: files {self.before.files}->{after.files} "
+            f"({self.before.data_files}+{self.before.delete_files} -> "
+            f"{after.data_files}+{after.delete_files} data+delete), "
+            f"bytes {self.before.data_bytes}->{after.data_bytes}"
+        ]
+        if self.compaction is not None and self.compaction.data_files_rewritten + (
+            self.compaction.delete_files_removed
+        ):
+            c = self.compaction
+            parts.append(
+                f"compaction {c.data_files_rewritten} data files -> {c.data_files_added}, "
+                f"{c.delete_files_removed} delete files -> {c.delete_files_added}"
+            )
+        if self.manifests_merged is not None:
+            parts.append(f"manifests {self.manifests_merged[0]}->{self.manifests_merged[1]}")
+        if self.expiry is not None:
+            e = self.expiry
+            parts.append(
+                f"{e.snapshots_expired} snapshots expired, {e.files_deleted} files + "
+                f"{e.metadata_files_deleted} metadata files deleted ({e.bytes_deleted} bytes)"
+            )
+        if self.orphans is not None:
+            parts.append(
+                f"{self.orphans.files_deleted} orphans removed ({self.orphans.bytes_deleted} bytes)"
+            )
+        parts.extend(f"error: {e}" for e in self.errors)
+        parts.append(f"{self.seconds:.2f}s")
+        return ("dry run: " if self.dry_run else "") + "; ".join(parts)
+
+
+class Maintainer:
+    """Runs maintenance on tables of ``catalog``; see the module doc.
+
+    ``spark`` is a session or a function returning one (called only when a compaction
+    has work, so ``sparkapply maintain --dry-run`` starts no Spark). ``clock`` returns
+    seconds since the epoch (tests move it).
+    """
+
+    def __init__(
+        self,
+        config: MaintenanceConfig,
+        spark: SparkSession | Callable[[], SparkSession] | None,
+        catalog: Catalog,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self._spark = spark
+        self.clock = clock
+        self._last_sweep: dict[TableIdentifier, float] = {}
+        self._tolerant = False  # between batches: a failed step is logged, not raised
+        self._quiet: dict[TableIdentifier, Health] = {}  # health when a plan found nothing
+
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            raise SparkapplyError("compaction needs a Spark session", hint="pass one to Maintainer")
+        if callable(self._spark):
+            self._spark = self._spark()
+        return self._spark
+
+    def run_due(
+        self,
+        tables: Iterable[TableIdentifier],
+        *,
+        on_commit: Callable[[TableIdentifier], None] | None = None,
+    ) -> list[MaintenanceReport]:
+        """Maintenance the thresholds call for, per table; reports of the tables where
+        something ran (see the module doc). Call between batches, on the apply thread.
+
+        ``on_commit(ident)`` is called for each table whose current snapshot changed
+        (same rows, same applied LSN, other files): pass ``Applier.forget`` so that the
+        next batch re-loads the table instead of planning against files that are gone.
+        """
+        reports = []
+        for ident in tables:
+            if not self.catalog.table_exists(ident):
+                continue  # not created yet: its first batch creates it
+            report = self._run(ident, dry_run=False, due_only=True)
+            if report is not None:
+                reports.append(report)
+                if report.committed and on_commit is not None:
+                    on_commit(ident)
+        return reports
+
+    def run(self, ident: TableIdentifier, *, dry_run: bool = False) -> MaintenanceReport:
+        """Every maintenance step of ``ident`` that has anything to do."""
+        report = self._run(ident, dry_run=dry_run, due_only=False)
+        assert report is not None
+        return report
+
+    def _run(
+        self, ident: TableIdentifier, *, dry_run: bool, due_only: bool
+    ) -> MaintenanceReport | None:
+        cfg = self.config
+        started = time.monotonic()
+        table = self.catalog.load_table(ident)
+        before = health(table)
+        now = self.clock()
+        # (Unless the last plan found nothing: then the file counts decide; see below.)
+        by_ratio = before.delete_ratio > cfg.max_delete_ratio and ident not in self._quiet
+        compact_due = by_ratio or self._too_many_files(ident, before)
+        doomed = self._doomed(table, now)
+        expire_due = len(doomed) >= max(1, cfg.retain_snapshots // 10)
+        sweep_due = now - self._last_sweep.get(ident, float("-inf")) >= (
+            cfg.orphan_interval_seconds
+        )
+        if due_only and not (
+            compact_due or expire_due or sweep_due or before.manifests > cfg.max_manifests
+        ):
+            return None
+        report = MaintenanceReport(".".join(ident), dry_run, before)
+        self._tolerant = due_only
+        if compact_due or not due_only:
+            # Over the table-wide ratio, files at that ratio are worth a rewrite too.
+            ratio = min(cfg.file_delete_ratio, cfg.max_delete_ratio) if by_ratio else None
+            report.compaction = self._step(report, lambda: self._compact(table, dry_run, ratio))
+            if report.compaction is not None and report.compaction.snapshot_id is not None:
+                report.committed = True
+                self._quiet.pop(ident, None)
+            elif report.compaction is not None and not dry_run:
+                self._quiet[ident] = before  # nothing worth rewriting: see _too_many_files
+        if not report.committed and (before.manifests > cfg.max_manifests or not due_only):
+            merged = self._step(report, lambda: self._merge_manifests(table, dry_run))
+            if merged is not None and merged[0] != merged[1]:
+                report.manifests_merged = merged
+                report.committed = report.committed or not dry_run
+        if expire_due or not due_only:
+            report.expiry = self._step(
+                report,
+                lambda: expire_and_delete(
+                    table,
+                    older_than=self._cutoff(now),
+                    retain_last=cfg.retain_snapshots,
+                    dry_run=dry_run,
+                ),
+            )
+        if sweep_due or not due_only:
+            report.orphans = self._step(
+                report,
+                lambda: sweep_orphans(
+                    table,
+                    older_than=dt.datetime.fromtimestamp(now - cfg.orphan_grace_seconds, tz=dt.UTC),
+                    dry_run=dry_run,
+                ),
+            )
+            if not dry_run:
+                self._last_sweep[ident] = now
+        report.after = before if dry_run else health(self.catalog.load_table(ident))
+        report.seconds = time.monotonic() - started
+        logger.info("maintenance %s", report.summary())
+        return report
+
+    def _too_many_files(self, ident: TableIdentifier, h: Health) -> bool:
+        """Over a file-count threshold, and, if the last plan found nothing worth
+        rewriting (a big table has many files near the target size), a quarter of the
+        threshold more files than then: the plan reads every delete file, it must not
+        run after every batch for nothing."""
+        cfg = self.config
+        quiet = self._quiet.get(ident)
+        data_floor = cfg.max_data_files
+        delete_floor = cfg.max_delete_files
+        if quiet is not None:
+            data_floor = max(data_floor, quiet.data_files + max(1, cfg.max_data_files // 4))
+            delete_floor = max(delete_floor, quiet.delete_files + max(1, cfg.max_delete_files // 4))
+        return h.data_files > data_floor or h.delete_files > delete_floor
+
+    def _cutoff(self, now: float) -> dt.datetime:
+        return dt.datetime.fromtimestamp(now - self.config.retain_seconds, tz=dt.UTC)
+
+    def _doomed(self, table: Table, now: float) -> list[int]:
+        return doomed_snapshots(
+            table.metadata, older_than=self._cutoff(now), retain_last=self.config.retain_snapshots
+        )
+
+    def _compact(self, table: Table, dry_run: bool, ratio: float | None) -> CompactionOutcome:
+        return compact(
+            table,
+            self.spark,
+            target_file_size=self.config.target_file_size,
+            file_delete_ratio=self.config.file_delete_ratio if ratio is None else ratio,
+            dry_run=dry_run,
+        )
+
+    def _merge_manifests(self, table: Table, dry_run: bool) -> tuple[int, int]:
+        """Rewrite the current snapshot's manifests as one data and one delete manifest
+        (a ``replace`` snapshot with the same files)."""
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return (0, 0)
+        manifests = snapshot.manifests(table.io)
+        contents = {m.content for m in manifests}
+        if len(manifests) <= len(contents):
+            return (len(manifests), len(manifests))
+        if dry_run:
+            return (len(manifests), len(contents))
+        commit_rewrite(table, base_snapshot_id=snapshot.snapshot_id)
+        after = table.current_snapshot()
+        assert after is not None
+        return (len(manifests), len(after.manifests(table.io)))
+
+    def _step(self, report: MaintenanceReport, step: Callable[[], T]) -> T | None:
+        """Run one step; a transient failure (a concurrent commit) is left for the
+        next run. Between batches every sparkapply error is (a failed maintenance step
+        leaves the table as it was, and must not stop replication); on demand, the
+        others propagate."""
+        try:
+            return step()
+        except SparkapplyError as exc:
+            if exc.kind is not ErrorKind.TRANSIENT and not self._tolerant:
+                raise
+            log = logger.warning if exc.kind is ErrorKind.TRANSIENT else logger.error
+            log("maintenance of %s: %s (retried at the next run)", report.table, exc)
+            report.errors.append(str(exc).splitlines()[0])
+            return None
