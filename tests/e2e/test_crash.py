@@ -47,7 +47,6 @@ def _workload(mirror: Mirror, pg_server: PgServer) -> None:
         "after-stage",  # PREPARE staged, not yet acknowledged
         "before-commit",  # executors wrote files, nothing committed
         "deletes-written",  # position-delete files written (merge-on-read), not committed
-        "deletes-written:2",  # the same in a later batch
         "after-table-commit",  # one table of a batch committed, the other not
         "before-ack",  # every table committed, nothing acknowledged
         "after-table-commit:4",  # a later batch
