@@ -603,6 +603,9 @@ def sparkapply_config(dsn: str, work_dir: Path, slot: str) -> Any:
                 }
             },
             "spark": {"master": SPARK_MASTER},
+            # Table maintenance (compaction folding a 1M-row delete file back) is not
+            # apply work: off here, as autovacuum is off for the native subscriber.
+            "maintenance": {"enabled": False},
         },
     )
 
