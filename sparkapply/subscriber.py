@@ -205,8 +205,8 @@ class Subscriber:
                 table_map=dict(cfg.sink.tables),
                 proto_version=protocol.proto_version,
                 streaming=protocol.streaming,
-                # With maintenance on, its expiry (which frees storage) is the one.
-                retain_snapshots=0 if cfg.maintenance.enabled else cfg.sink.retain_snapshots,
+                retain_snapshots=cfg.sink.retain_snapshots,
+                free_expired_files=cfg.maintenance.enabled,
                 split_bytes=cfg.apply.split_bytes,
                 max_tasks_per_table=cfg.apply.max_tasks_per_table,
             )

@@ -45,7 +45,7 @@ from sparkapply.sink.files import (
     live_files,
     remove_orphans,
 )
-from sparkapply.sink.maintenance import expire_snapshots
+from sparkapply.sink.maintenance import expire_and_delete, expire_snapshots
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import evolve_to
 from sparkapply.sink.tables import data_directory, ensure_table
@@ -91,6 +91,7 @@ class Applier:
         retain_snapshots: int = 100,
         split_bytes: int = 16 * 1024 * 1024,
         max_tasks_per_table: int = 0,
+        free_expired_files: bool = False,
     ) -> None:
         self.spark = spark
         self.catalog = catalog
@@ -102,6 +103,9 @@ class Applier:
         self._known: set[TableIdent] = set()
         self.retain_snapshots = retain_snapshots
         self.split_bytes = split_bytes
+        # With maintenance on, expiry here also deletes the files only expired
+        # snapshots referenced (otherwise they wait for the orphan sweep's grace).
+        self.free_expired_files = free_expired_files
         self.max_tasks_per_table = max_tasks_per_table
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
@@ -237,7 +241,11 @@ class Applier:
         if keep <= 0 or len(table.metadata.snapshots) <= keep + keep // 2:
             return
         try:
-            expire_snapshots(table, older_than=dt.datetime.now(dt.UTC), retain_last=keep)
+            now = dt.datetime.now(dt.UTC)
+            if self.free_expired_files:
+                expire_and_delete(table, older_than=now, retain_last=keep)
+            else:
+                expire_snapshots(table, older_than=now, retain_last=keep)
         except SparkapplyError as exc:  # maintenance: try again after a later batch
             log.warning("%s", exc)
 

@@ -71,7 +71,7 @@ def expire_snapshots(table: Table, *, older_than: dt.datetime, retain_last: int 
     were expired. One metadata commit; a concurrent commit makes it a
     :class:`SinkError` that can simply be retried later. Files stay on storage (see
     :func:`expire_and_delete`)."""
-    doomed = doomed_snapshots(table.metadata, older_than=older_than, retain_last=retain_last)
+    doomed = _doomed(table, older_than, retain_last)
     if not doomed:
         return 0
     before = len(table.metadata.snapshots)
@@ -79,6 +79,13 @@ def expire_snapshots(table: Table, *, older_than: dt.datetime, retain_last: int 
     expired = before - len(table.metadata.snapshots)
     logger.info("expired %d snapshots of %s", expired, table_name(table))
     return expired
+
+
+def _doomed(table: Table, older_than: dt.datetime, retain_last: int) -> list[int]:
+    try:
+        return doomed_snapshots(table.metadata, older_than=older_than, retain_last=retain_last)
+    except SinkArgumentError as exc:
+        raise exc.with_context(table=table_name(table)) from None
 
 
 def doomed_snapshots(
@@ -129,7 +136,7 @@ def expire_and_delete(
     what would be."""
     outcome = ExpiryOutcome()
     metadata = table.metadata
-    doomed = doomed_snapshots(metadata, older_than=older_than, retain_last=retain_last)
+    doomed = _doomed(table, older_than, retain_last)
     io = table.io
     cache: dict[str, list[tuple[str, int, bool]]] = {}
     if doomed:
