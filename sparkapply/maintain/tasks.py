@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sparkapply.apply.locate import live_rows
-from sparkapply.apply.writer import TableWriter, filesystem, read_parquet
+from sparkapply.apply.locate import DeletedPositions, live_rows
+from sparkapply.apply.writer import TableWriter, filesystem
 from sparkapply.errors import SparkapplyError
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo
@@ -158,18 +157,8 @@ def _rewrite(task: RewriteTask, result: TaskResult) -> None:
 
 
 def _merge_deletes(task: MergeDeletesTask, result: TaskResult) -> None:
-    positions: dict[str, list[np.ndarray]] = {}
-    keep = pa.array(sorted(task.keep_paths), pa.string())
-    for d in task.delete_files:
-        t = read_parquet(d.path, ["file_path", "pos"])
-        t = t.filter(pc.is_in(t.column("file_path"), value_set=keep))
-        if t.num_rows == 0:
-            continue
-        paths = t.column("file_path").to_numpy(zero_copy_only=False)
-        pos = t.column("pos").to_numpy(zero_copy_only=False)
-        for p in np.unique(paths).tolist():
-            positions.setdefault(p, []).append(pos[paths == p])
-    merged = {p: np.unique(np.concatenate(parts)) for p, parts in positions.items()}
+    deleted = DeletedPositions(task.delete_files, sorted(task.keep_paths))
+    merged = {p: np.unique(deleted.of(p)) for p in sorted(task.keep_paths)}
     info = TableWriter(task.data_dir, task.schema).write_deletes(merged)
     result.deletes = info
     if info is not None:
