@@ -20,3 +20,9 @@ def failpoint(name: str) -> None:
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] >= int(_COUNT or 1):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def armed(name: str) -> bool:
+    """Whether the test failpoint ``name`` is armed (a test may need its code path to
+    run often enough to hit it)."""
+    return name == _NAME
