@@ -205,12 +205,7 @@ def commit_files(
             f"the table changed under the commit: {exc}", table=name, lsn=lsn
         ) from exc
     except Exception as exc:
-        raise SinkError(
-            f"cannot prepare the commit: {type(exc).__name__}: {exc}",
-            table=name,
-            lsn=lsn,
-            hint="nothing was committed; the added files are orphans",
-        ) from exc
+        raise _prepare_failed(exc, name, lsn) from exc
 
     try:
         txn.commit_transaction()
@@ -264,12 +259,7 @@ def _commit_row_delta(
             table_properties={LSN_TABLE_PROPERTY: str(lsn)},
         )
     except Exception as exc:
-        raise SinkError(
-            f"cannot prepare the commit: {type(exc).__name__}: {exc}",
-            table=name,
-            lsn=lsn,
-            hint="nothing was committed; the added files are orphans",
-        ) from exc
+        raise _prepare_failed(exc, name, lsn) from exc
     try:
         response = table.catalog.commit_table(table, staged.requirements, staged.updates)
     except CommitFailedException as exc:
@@ -286,6 +276,16 @@ def _commit_row_delta(
     table.metadata = response.metadata
     table.metadata_location = response.metadata_location
     return staged.snapshot_id
+
+
+def _prepare_failed(exc: Exception, name: str, lsn: Lsn) -> SinkError:
+    """A failure before the catalog was asked: nothing committed."""
+    return SinkError(
+        f"cannot prepare the commit: {type(exc).__name__}: {exc}",
+        table=name,
+        lsn=lsn,
+        hint="nothing was committed; the added files are orphans",
+    )
 
 
 def _delete_quietly(table: Table, paths: Sequence[str]) -> None:
