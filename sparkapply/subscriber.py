@@ -35,9 +35,11 @@ ERRORS
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -56,6 +58,7 @@ from sparkapply.failpoints import failpoint
 from sparkapply.lsn import INVALID_LSN, Lsn
 from sparkapply.maintain.maintainer import Maintainer
 from sparkapply.metrics import Metrics
+from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
 from sparkapply.scheduler import Batch, BatchScheduler
 from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
@@ -246,10 +249,9 @@ class Subscriber:
         try:
             while True:
                 busy = running is not None or assembler.backlog().transactions > 0
-                frames = stream.poll_burst(0.05 if busy else 0.2)
-                feed = assembler.feed
-                for wal_start, payload in frames:
-                    feed(payload, wal_start)
+                with _collector_paused():
+                    frames = stream.poll_burst(0.05 if busy else 0.2)
+                    assembler.feed_frames(frames, XLOG_DATA_HEADER.size)
                 scheduler.received(bool(frames))
 
                 if running is not None and running.done():
@@ -416,3 +418,22 @@ def _locate(exc: SparkapplyError, batch: Batch) -> SparkapplyError:
         )
         exc.hint = f"{exc.hint}; {skip}" if exc.hint else skip
     return exc
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a burst is received.
+
+    A burst holds tens of thousands of live message buffers, and in a process that also
+    holds Spark's and pyiceberg's objects the collector's passes over them cost as much
+    as receiving them (measured: 2.2 against 1.1 microseconds per message). The burst
+    makes no reference cycles, so nothing is lost by collecting after it instead.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

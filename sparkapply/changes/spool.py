@@ -36,6 +36,7 @@ from sparkapply.errors import StateError
 
 _HEADER = struct.Struct("!IB")
 FLAG_IN_STREAM = 1
+RECORD_OVERHEAD = _HEADER.size  # bytes a record adds to its payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,23 @@ class SpoolWriter:
         self.offset += _HEADER.size + len(payload)
         self._pending.append(start)
         return start
+
+    def extend(self, payloads: list[memoryview], in_stream: bool) -> None:
+        """Write one record per payload, in one write: the receive loop hands over a
+        burst's run of changes at once."""
+        pack = _HEADER.pack
+        flag = FLAG_IN_STREAM if in_stream else 0
+        starts = self._pending
+        offset = self.offset
+        parts: list[bytes | memoryview] = []
+        for payload in payloads:
+            n = len(payload)
+            parts.append(pack(n, flag))
+            parts.append(payload)
+            starts.append(offset)
+            offset += RECORD_OVERHEAD + n
+        self._f.write(b"".join(parts))
+        self.offset = offset
 
     def truncate(self, offset: int) -> None:
         self._f.flush()
@@ -255,9 +273,7 @@ def _indexed_starts(segment: SpoolSegment) -> np.ndarray | None:
     return starts
 
 
-def _indexed_chunks(
-    segment: SpoolSegment, starts: np.ndarray, size: int
-) -> Iterator[RecordChunk]:
+def _indexed_chunks(segment: SpoolSegment, starts: np.ndarray, size: int) -> Iterator[RecordChunk]:
     """Chunks cut at record starts; each checked to tile its bytes exactly (the first
     failing check yields nothing, so the caller walks the records instead)."""
     hsize = _HEADER.size

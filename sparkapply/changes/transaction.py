@@ -39,7 +39,8 @@ class CommittedTxn:
     gid: str | None = None
     # Files that may be deleted once this transaction is durable.
     cleanup: tuple[str, ...] = field(default=())
+    # Spooled bytes: read per transaction by the batch cut, so computed once.
+    nbytes: int = field(init=False, default=0)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.segments)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", sum(s.nbytes for s in self.segments))

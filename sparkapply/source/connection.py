@@ -164,6 +164,39 @@ class ReplicationConnection:
             self._copy_ended()
         return None
 
+    def read_burst(self, timeout: float, limit: int) -> list[memoryview]:
+        """Every CopyData payload already received, up to ``limit``, waiting up to
+        ``timeout`` s for the first; [] if none came.
+
+        One call per burst, not per message: a large transaction arrives as millions of
+        messages, and each call layer costs as much as libpq's copy itself."""
+        first = self.read_copy_data(timeout)
+        if first is None:
+            return []
+        out = [first]
+        get = self._pgconn.get_copy_data
+        consumed = False
+        try:
+            while len(out) < limit:
+                nbytes, data = get(1)
+                if nbytes > 0:
+                    out.append(data)
+                    consumed = False
+                elif nbytes == 0 and not consumed:
+                    self._pgconn.consume_input()  # what the kernel already has
+                    consumed = True
+                else:
+                    break
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(
+                f"replication stream from {self._where} broke: {exc}"
+            ) from exc
+        if nbytes == -2:
+            raise self._broken()
+        if nbytes == -1:
+            self._copy_ended()
+        return out
+
     def _get(self) -> tuple[int, memoryview]:
         try:
             nbytes, data = self._pgconn.get_copy_data(1)
@@ -172,11 +205,14 @@ class ReplicationConnection:
                 f"replication stream from {self._where} broke: {exc}"
             ) from exc
         if nbytes == -2:
-            raise ConnectionLostError(
-                "replication stream from "
-                f"{self._where} broke: {self._pgconn.error_message.decode(errors='replace')}"
-            )
+            raise self._broken()
         return nbytes, data
+
+    def _broken(self) -> ConnectionLostError:
+        return ConnectionLostError(
+            "replication stream from "
+            f"{self._where} broke: {self._pgconn.error_message.decode(errors='replace')}"
+        )
 
     def _consume(self) -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from sparkapply.errors import ProtocolError, StateError
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.frames import XLOG_DATA_HEADER, XLogData
 
 REL = m.Relation(None, 100, "public", "t", "d", (m.RelationColumn(1, "id", 23, -1),))
 
@@ -150,3 +152,119 @@ def test_progress_waits_for_the_oldest_pending(tmp_path: Path) -> None:
     assert p.flushed == 20
     p.follow(100)
     assert p.flushed == 100
+
+
+# -- the burst path: feed_frames must be feed of each frame, exactly ----------------------
+
+REL2 = m.Relation(None, 200, "public", "u", "d", (m.RelationColumn(1, "k", 23, -1),))
+
+
+def _random_messages(rnd: random.Random) -> list[m.Message]:
+    """Ordinary transactions and interleaved streamed ones with subtransactions,
+    subtransaction and top aborts, truncates and RELATION messages mid-run."""
+    out: list[m.Message] = []
+    streams: dict[int, list[int]] = {}  # open streamed xid -> its subxids
+    next_xid = 10
+    lsn = 1000
+    tup = m.TupleData(b"t", (b"1",))
+    for _ in range(60):
+        lsn += 100
+        choice = rnd.random()
+        if choice < 0.35 or len(streams) >= 3:
+            out.append(m.Begin(lsn, 0, next_xid))
+            if rnd.random() < 0.3:
+                out.append(REL2)
+            for _ in range(rnd.randint(0, 8)):
+                relid = rnd.choice((100, 200))
+                kind = rnd.random()
+                if kind < 0.5:
+                    out.append(m.Insert(None, relid, tup))
+                elif kind < 0.8:
+                    out.append(m.Update(None, relid, None, None, tup))
+                elif kind < 0.95:
+                    out.append(m.Delete(None, relid, "K", tup))
+                else:
+                    out.append(m.Truncate(None, 0, (relid,)))
+            out.append(m.Commit(0, lsn - 10, lsn, 0))
+            next_xid += 1
+        elif choice < 0.7 or not streams:
+            xid = rnd.choice([*streams, next_xid + 100])
+            first = xid not in streams
+            subs = streams.setdefault(xid, [])
+            out.append(m.StreamStart(xid, first))
+            if first:
+                out.append(rel(xid))
+            for _ in range(rnd.randint(1, 12)):
+                if rnd.random() < 0.2:
+                    subs.append(xid * 100 + len(subs) + 1)
+                who = rnd.choice([xid, *subs])
+                relid = 100
+                if rnd.random() < 0.6:
+                    out.append(m.Insert(who, relid, tup))
+                elif rnd.random() < 0.8:
+                    out.append(m.Update(who, relid, None, None, tup))
+                else:
+                    out.append(m.Delete(who, relid, "K", tup))
+            out.append(m.StreamStop())
+        else:
+            xid = rnd.choice(list(streams))
+            subs = streams[xid]
+            end = rnd.random()
+            if end < 0.3 and subs:
+                out.append(m.StreamAbort(xid, rnd.choice(subs), lsn, 0))
+            elif end < 0.45:
+                out.append(m.StreamAbort(xid, xid, lsn, 0))
+                del streams[xid]
+            else:
+                out.append(m.StreamCommit(xid, 0, lsn - 10, lsn, 0))
+                del streams[xid]
+    return out
+
+
+def _frames(msgs: list[m.Message]) -> list[tuple[int, memoryview]]:
+    out = []
+    for n, msg in enumerate(msgs):
+        lsn = 5000 + 10 * n
+        payload = encode(msg)
+        out.append((lsn, memoryview(XLogData(lsn, lsn + 5, 0, payload).encode())))
+    return out
+
+
+def _state(f: Feed) -> list[tuple[object, ...]]:
+    txns = f.take()
+    spooled = [[(bytes(p), s) for seg in t.segments for p, s in read_records(seg)] for t in txns]
+    fields = [
+        (t.xid, t.kind, t.n_changes, t.relation_ids, t.mutated_relation_ids, t.has_truncate)
+        for t in txns
+    ]
+    return [*zip(fields, spooled, strict=True), ("open", f.asm.open_streams)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_feed_frames_is_feed_of_each_frame(tmp_path: Path, seed: int) -> None:
+    rnd = random.Random(seed)
+    frames = _frames([REL2, *_random_messages(rnd)])
+    one = Feed(tmp_path / "one")
+    one.asm.relations[REL.relation_id] = REL
+    for lsn, frame in frames:
+        one.asm.feed(frame[XLOG_DATA_HEADER.size :], lsn)
+    burst = Feed(tmp_path / "burst")
+    burst.asm.relations[REL.relation_id] = REL
+    i = 0
+    while i < len(frames):
+        n = rnd.randint(1, 40)
+        burst.asm.feed_frames([f for _, f in frames[i : i + n]], XLOG_DATA_HEADER.size)
+        i += n
+    want = _state(one)
+    assert want[:-1], "the workload committed nothing"
+    assert _state(burst) == want
+
+
+def test_feed_frames_reports_a_short_change_where_it_is(tmp_path: Path) -> None:
+    f = Feed(tmp_path)
+    good = _frames([m.Begin(2000, 0, 1), rel(None), row(1)])
+    bad = memoryview(XLogData(7777, 7780, 0, b"I\x00\x00").encode())
+    with pytest.raises(ProtocolError) as err:
+        f.asm.feed_frames([fr for _, fr in good] + [bad], XLOG_DATA_HEADER.size)
+    assert err.value.context["lsn"] == 7777 and err.value.context["xid"] == 1
+    assert "too short" in str(err.value)
