@@ -68,6 +68,11 @@ class ApplyConfig:
     # hash partitions), at most max_tasks_per_table (0: Spark's default parallelism).
     split_bytes: int = 16 * 1024 * 1024
     max_tasks_per_table: int = 0
+    # A streamed transaction is staged by Spark tasks while it arrives, a piece of at
+    # least stage_bytes at a time (0: never), with at most stage_inflight_bytes of
+    # pieces in flight (see apply/stager.py).
+    stage_bytes: int = 16 * 1024 * 1024
+    stage_inflight_bytes: int = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,8 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "batch_linger": (int, float),
         "split_bytes": int,
         "max_tasks_per_table": int,
+        "stage_bytes": int,
+        "stage_inflight_bytes": int,
     },
     "metrics": {"port": int, "host": str},
     "maintenance": {
@@ -322,7 +329,11 @@ def _build(raw: Mapping[str, Any]) -> Config:
                 "apply.max_tasks_per_table must be 0 (Spark's parallelism) or more",
                 key="apply.max_tasks_per_table",
             )
-        if value <= 0 and key not in ("batch_linger", "max_tasks_per_table"):
+        if key == "stage_bytes" and value < 0:
+            raise ConfigError(
+                "apply.stage_bytes must be 0 (no staging) or more", key="apply.stage_bytes"
+            )
+        if value <= 0 and key not in ("batch_linger", "max_tasks_per_table", "stage_bytes"):
             raise ConfigError(f"apply.{key} must be positive", key=f"apply.{key}")
     apply = ApplyConfig(**apply_raw)
     metrics_raw = dict(raw.get("metrics", {}))

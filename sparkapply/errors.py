@@ -160,6 +160,10 @@ class ApplyError(SparkapplyError):
     """A change could not be applied (e.g. it refers to an unknown relation)."""
 
 
+class NotInsertOnly(ApplyError):
+    """Changes read as inserts only hold an UPDATE, DELETE or TRUNCATE after all."""
+
+
 class CopyError(SparkapplyError):
     """The initial copy (or a resync) of a table failed; ``table`` names it."""
 

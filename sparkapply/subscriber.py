@@ -47,11 +47,13 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from sparkapply.apply.batch import Applier, BatchStats
+from sparkapply.apply.stager import Stager, sweep_staged
 from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
 from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
+from sparkapply.convert.schema import relation_identifier
 from sparkapply.copy.driver import PUBLICATION_CHECK_INTERVAL, TableCopier
 from sparkapply.errors import ErrorKind, SparkapplyError, SparkJobError
 from sparkapply.failpoints import failpoint
@@ -81,6 +83,7 @@ class RunSummary:
     flushed: Lsn = INVALID_LSN
     reconnects: int = 0  # sessions ended by a transient error and started again
     skipped: int = 0  # transactions dropped by `sparkapply skip`
+    staged_rows: int = 0  # rows committed from files staged while their transaction arrived
 
 
 class Subscriber:
@@ -176,6 +179,7 @@ class Subscriber:
         work = cfg.work_dir
         work.mkdir(parents=True, exist_ok=True)
         conn = ReplicationConnection(src.dsn, connect_timeout=src.connect_timeout)
+        stager: Stager | None = None
         try:
             slot = ensure_slot(
                 conn,
@@ -195,17 +199,30 @@ class Subscriber:
             self._copier = copier
             progress = Progress(slot.confirmed_flush)
             prepared = PreparedStore(prepared_dir(work))
+            sweep_staged(work, catalog)
+            table_map = dict(cfg.sink.tables)
+            stager = Stager(
+                spark,
+                catalog,
+                lambda rel: relation_identifier(rel, table_map),
+                work_dir=work,
+                stage_bytes=cfg.apply.stage_bytes,
+                inflight_bytes=cfg.apply.stage_inflight_bytes,
+                proto_version=protocol.proto_version,
+                streaming=protocol.streaming,
+            )
             assembler = Assembler(
                 work,
                 proto_version=protocol.proto_version,
                 streaming=protocol.streaming,
                 prepared=prepared,
                 progress=progress,
+                stager=stager,
             )
             applier = Applier(
                 spark,
                 catalog,
-                table_map=dict(cfg.sink.tables),
+                table_map=table_map,
                 proto_version=protocol.proto_version,
                 streaming=protocol.streaming,
                 retain_snapshots=cfg.sink.retain_snapshots,
@@ -229,6 +246,8 @@ class Subscriber:
             job = _ApplyJob(applier, copier, maintainer)
             return self._loop(stream, assembler, progress, scheduler, job, target)
         finally:
+            if stager is not None:
+                stager.close()
             conn.close()
 
     # -- the loop -----------------------------------------------------------------------
@@ -308,11 +327,13 @@ class Subscriber:
         self.summary.batches += 1
         self.summary.transactions += len(batch)
         self.summary.changes += stats.changes
+        self.summary.staged_rows += stats.staged_rows
         self.metrics.batch_done(batch.txns, stats, seconds)
         log.info(
-            "applied %d transactions (%d changes) to %d tables in %.2fs; flushed to %s",
+            "applied %d transactions (%d changes%s) to %d tables in %.2fs; flushed to %s",
             len(batch),
             stats.changes,
+            f", {stats.staged_rows} rows staged while they arrived" if stats.staged_rows else "",
             stats.tables,
             seconds,
             flushed,

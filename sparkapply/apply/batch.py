@@ -68,7 +68,56 @@ class BatchStats:
     rows_removed: int = 0
     skipped: int = 0
     commit_seconds: float = 0.0  # the Iceberg commits of the batch, all tables
+    staged_rows: int = 0  # rows committed from files staged while their transaction arrived
     results: list[TableResult] = field(default_factory=list)
+
+
+class _StagedShare:
+    """One table's use of the pieces staged while its transactions arrived."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.files: list[str] = []
+        self.rows = 0
+        self.changes = 0
+
+    def input(
+        self, ordinal: int, txn: CommittedTxn, relids: frozenset[int], schema_id: int | None
+    ) -> TxnInput:
+        """The task's share of ``txn``: the spool after its staged pieces when the
+        table may use them (``schema_id``: the batch only appends to it), else all of
+        it."""
+        segments = txn.segments
+        relations = tuple(r for rid, r in txn.relations.items() if rid in relids)
+        use = (
+            txn.staged.use(self.table, relids, schema_id)
+            if txn.staged is not None and schema_id is not None
+            else None
+        )
+        if use is not None:
+            segments = use.remainder
+            relations = tuple(r for r in use.relations if r.relation_id in relids)
+            self.files += use.files
+            self.rows += use.rows
+            self.changes += use.changes
+        return TxnInput(
+            ordinal=ordinal,
+            xid=txn.xid,
+            commit_lsn=int(txn.commit_lsn),
+            segments=segments,
+            relations=relations,
+        )
+
+    def add_to(self, result: TableResult) -> None:
+        result.added = [*result.added, *self.files]
+        result.rows_written += self.rows
+        result.n_changes += self.changes
+        result.n_inserts += self.changes
+
+    def result(self, last_commit_lsn: int) -> TableResult:
+        result = TableResult(self.table, last_commit_lsn=last_commit_lsn, path="staged")
+        self.add_to(result)
+        return result
 
 
 def _full_identity(rel: m.Relation) -> m.Relation:
@@ -144,6 +193,9 @@ class Applier:
 
         tasks: list[TableTask] = []
         planned: dict[str, tuple[Table, TableIdent, int | None]] = {}
+        shares: dict[str, _StagedShare] = {}  # tables that use staged files
+        direct: list[TableResult] = []  # tables whose changes were all staged
+        used: set[str] = set()
         for ident, rels in versions.items():
             table = self._table(ident, rels)
             applied = self.applied(ident)
@@ -161,16 +213,18 @@ class Applier:
             latest = _full_identity(rels[-1][0])
             key_names = tuple(c.name for c in latest.columns if c.is_key)
             live = live_files(table) if not insert_only else None
+            staged = _StagedShare(name)
             txns = tuple(
-                TxnInput(
-                    ordinal=o,
-                    xid=batch[o].xid,
-                    commit_lsn=int(batch[o].commit_lsn),
-                    segments=batch[o].segments,
-                    relations=tuple(r for rid, r in batch[o].relations.items() if rid in relids),
-                )
+                staged.input(o, batch[o], relids, table.schema().schema_id if insert_only else None)
                 for o in ordinals
             )
+            planned[name] = (table, ident, current_snapshot_id(table))
+            if staged.files:
+                used.update(staged.files)
+                shares[name] = staged
+                if not any(t.segments for t in txns):  # all of it staged: no task
+                    direct.append(staged.result(max(t.commit_lsn for t in txns)))
+                    continue
             tasks.append(
                 TableTask(
                     table=name,
@@ -191,14 +245,18 @@ class Applier:
                     insert_only=insert_only,
                 )
             )
-            planned[name] = (table, ident, current_snapshot_id(table))
-        stats.tables = len(tasks)
+        stats.tables = len(tasks) + len(direct)
         results = run_tasks(
             self.spark,
             tasks,
             split_bytes=self.split_bytes,
             max_tasks_per_table=self.max_tasks_per_table,
         )
+        for r in results:
+            share = shares.get(r.table)
+            if share is not None and r.error is None:
+                share.add_to(r)
+        results += direct
         failed = [r for r in results if r.error is not None]
         if failed:
             for r in results:
@@ -231,8 +289,13 @@ class Applier:
             stats.changes += r.n_changes
             stats.rows_written += r.rows_written
             stats.rows_removed += r.rows_removed
+            if r.table in shares:
+                stats.staged_rows += shares[r.table].rows
         stats.commit_seconds = time.monotonic() - commit_started
         stats.results = results
+        for txn in batch:
+            if txn.staged is not None:
+                txn.staged.finish(used)
         return stats
 
     def _expire(self, table: Table) -> None:

@@ -20,7 +20,7 @@ from sparkapply.apply.effect import ROWS_PER_FILE, WriteResult
 from sparkapply.apply.fold import Layout, TxnInput, coalesced
 from sparkapply.apply.writer import TableWriter
 from sparkapply.changes.spool import read_chunks
-from sparkapply.errors import ApplyError, SparkapplyError
+from sparkapply.errors import ApplyError, NotInsertOnly, SparkapplyError
 from sparkapply.pgoutput import Decoder
 from sparkapply.pgoutput import messages as m
 
@@ -104,10 +104,10 @@ def _chunk(
             if isinstance(msg, m.Relation):
                 layouts[msg.relation_id] = Layout.of(msg)
             elif isinstance(msg, m.Truncate) and relation_ids.intersection(msg.relation_ids):
-                raise ApplyError("a TRUNCATE reached the insert-only path")
+                raise NotInsertOnly("a TRUNCATE reached the insert-only path")
             continue
         if np.any(ix.tags[rows] != OP_I):
-            raise ApplyError("an UPDATE or DELETE reached the insert-only path")
+            raise NotInsertOnly("an UPDATE or DELETE reached the insert-only path")
         # Appends commute, so rows of several relation ids (a table dropped and
         # created again) may be grouped by id.
         for rid in np.unique(ix.relids[rows]).tolist():

@@ -58,14 +58,15 @@ def read_parquet(file_uri: str, columns: Sequence[str] | None = None) -> pa.Tabl
 class TableWriter:
     """Writes one table's files under ``data_dir`` (a URI or local path)."""
 
-    def __init__(self, data_dir: str, schema: pa.Schema) -> None:
+    def __init__(self, data_dir: str, schema: pa.Schema, *, prefix: str = "sparkapply-") -> None:
         self.data_dir = data_dir.rstrip("/")
         self.schema = schema
+        self.prefix = prefix  # of every file name; staging finds its files by it
         self.fs, self.dir_path = filesystem(self.data_dir)
         self.fs.create_dir(self.dir_path, recursive=True)
 
     def _new_path(self, suffix: str) -> str:
-        return f"{self.dir_path}/sparkapply-{uuid.uuid4().hex}{suffix}.parquet"
+        return f"{self.dir_path}/{self.prefix}{uuid.uuid4().hex}{suffix}.parquet"
 
     def write(self, table: pa.Table) -> str:
         """A data file with ``table`` (cast to the table schema); its URI."""

@@ -46,9 +46,10 @@ from __future__ import annotations
 import logging
 import struct
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from sparkapply.changes.prepared import PreparedEntry, PreparedStore
 from sparkapply.changes.progress import Progress
@@ -60,6 +61,9 @@ from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import Decoder, encode
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.peek import CHANGE_TAGS, peek_change
+
+if TYPE_CHECKING:
+    from sparkapply.apply.stager import StagedWork
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,28 @@ class _OpenTxn:
     prepare: m.BeginPrepare | None = None  # set for Begin Prepare … Prepare
 
 
+class StreamStager(Protocol):
+    """Where streamed chunks go as they close (``apply/stager.py``); the assembler
+    tells it what the spool of each streamed transaction becomes."""
+
+    def chunk_closed(
+        self,
+        xid: int,
+        path: str,
+        end: int,
+        relation_ids: Sequence[int],
+        relations_at: Callable[[int], tuple[m.Relation, ...]],
+    ) -> None: ...
+
+    def truncated(self, xid: int, offset: int) -> None: ...
+
+    def dropped(self, xid: int, *, for_good: bool = False) -> None: ...
+
+    def committed(
+        self, xid: int, path: str, end: int, relations_at: Callable[[int], tuple[m.Relation, ...]]
+    ) -> StagedWork | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """What the assembler holds that the batch scheduler decides on."""
@@ -109,8 +135,10 @@ class Assembler:
         streaming: str,
         prepared: PreparedStore,
         progress: Progress,
+        stager: StreamStager | None = None,
     ) -> None:
         self.spool = SpoolDirectory(work_dir / "spool")
+        self.stager = stager
         self.proto_version = proto_version
         self.streaming = streaming
         self.decoder = Decoder(proto_version=proto_version, streaming=streaming)
@@ -275,9 +303,18 @@ class Assembler:
         elif isinstance(msg, m.StreamStart):
             self._stream_start(msg)
         elif isinstance(msg, m.StreamStop):
-            self._stream_xid = None
+            xid, self._stream_xid = self._stream_xid, None
             for s in self._streams.values():
                 s.writer.flush()
+            if self.stager is not None and xid is not None:
+                txn = self._streams[xid]
+                self.stager.chunk_closed(
+                    xid,
+                    str(txn.writer.path),
+                    txn.writer.offset,
+                    sorted(txn.relation_ids),
+                    self._relations_at(txn),
+                )
         elif isinstance(msg, m.StreamCommit):
             txn = self._pop_stream(msg.xid, "STREAM COMMIT")
             self._commit(txn, msg.commit_lsn, msg.end_lsn, msg.commit_time, "stream")
@@ -358,6 +395,10 @@ class Assembler:
         txn.catalog_records.append((offset, bytes(payload), in_stream))
         if isinstance(msg, m.Relation):
             rel = replace(msg, xid=None)
+            if in_stream and self.stager is not None:
+                earlier = [r for r in txn.relation_messages if r.relation_id == rel.relation_id]
+                if earlier and earlier[-1] != rel:  # DDL inside the transaction
+                    self.stager.dropped(txn.xid, for_good=True)
             txn.relation_messages.append(rel)
             if not in_stream:
                 self.relations[rel.relation_id] = rel  # takes effect now (see RELATION CACHE)
@@ -385,6 +426,8 @@ class Assembler:
         if txn is None or msg.first_segment:
             if txn is not None:
                 txn.writer.close()
+                if self.stager is not None:
+                    self.stager.dropped(msg.xid)
             txn = _OpenTxn(msg.xid, self.spool.new_stream(msg.xid), 0, streamed=True)
             self._streams[msg.xid] = txn
         self._stream_xid = msg.xid
@@ -404,6 +447,8 @@ class Assembler:
         if msg.subxid == msg.xid:
             del self._streams[msg.xid]
             self.spool.discard(txn.writer)
+            if self.stager is not None:
+                self.stager.dropped(msg.xid)
             return
         i = next((n for n, (s, _) in enumerate(txn.subxacts) if s == msg.subxid), None)
         if i is None:
@@ -415,6 +460,8 @@ class Assembler:
         keep = [r for r in txn.catalog_records if r[0] < offset]
         lost = [r for r in txn.catalog_records if r[0] >= offset]
         txn.writer.truncate(offset)
+        if self.stager is not None:
+            self.stager.truncated(txn.xid, offset)
         for _, payload, in_stream in lost:
             keep.append((txn.writer.append(payload, in_stream), payload, in_stream))
         txn.catalog_records = keep
@@ -424,8 +471,11 @@ class Assembler:
     ) -> None:
         segment = txn.writer.segment(txn.start)
         path = str(txn.writer.path)
+        staged = None
         if kind == "stream":
             txn.writer.close()
+            if self.stager is not None:
+                staged = self.stager.committed(txn.xid, path, segment.end, self._relations_at(txn))
         self.spool.hold(path)
         committed = CommittedTxn(
             xid=txn.xid,
@@ -441,6 +491,7 @@ class Assembler:
             has_truncate=txn.has_truncate,
             mutated_relation_ids=frozenset(txn.mutated),
             cleanup=(path,),
+            staged=staged,
         )
         self._emit(committed, apply_own=txn.streamed)
 
@@ -467,6 +518,8 @@ class Assembler:
         self, txn: _OpenTxn, xid: int, gid: str, prepare_lsn: int, end_lsn: int, ptime: int
     ) -> None:
         is_stream = self.spool.is_stream(txn.writer)
+        if txn.streamed and self.stager is not None:
+            self.stager.dropped(xid)  # COMMIT PREPARED applies it from the prepared store
         segment = txn.writer.segment(txn.start)
         txn.writer.flush()
         if is_stream:
@@ -489,6 +542,26 @@ class Assembler:
         )
         failpoint("after-stage")
         self.progress.add(end_lsn, done=True)
+
+    def _relations_at(self, txn: _OpenTxn) -> Callable[[int], tuple[m.Relation, ...]]:
+        """The descriptions an executor reading ``txn``'s spool from an offset starts
+        with: the cache entries at its first changes, then its own RELATION messages
+        before that offset (they are replayed in place after it)."""
+        decoders = {
+            flag: Decoder(self.proto_version, self.streaming, in_stream=flag)
+            for flag in (False, True)
+        }
+
+        def at(offset: int) -> tuple[m.Relation, ...]:
+            rels = dict(txn.start_relations)
+            for start, payload, in_stream in txn.catalog_records:
+                if start < offset and payload[:1] == b"R":
+                    rel = decoders[in_stream].decode(payload)
+                    if isinstance(rel, m.Relation):
+                        rels[rel.relation_id] = replace(rel, xid=None)
+            return tuple(rels.values())
+
+        return at
 
     def _encode(self, rel: m.Relation) -> bytes:
         return encode(rel, proto_version=self.proto_version, streaming=self.streaming)

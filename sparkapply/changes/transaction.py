@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.messages import Relation
+
+if TYPE_CHECKING:
+    from sparkapply.apply.stager import StagedWork
 
 TxnKind = Literal["commit", "stream", "prepared"]
 
@@ -39,6 +42,8 @@ class CommittedTxn:
     gid: str | None = None
     # Files that may be deleted once this transaction is durable.
     cleanup: tuple[str, ...] = field(default=())
+    # A streamed transaction's pieces staged while it arrived (apply/stager.py).
+    staged: StagedWork | None = field(default=None, compare=False)
     # Spooled bytes: read per transaction by the batch cut, so computed once.
     nbytes: int = field(init=False, default=0)
 

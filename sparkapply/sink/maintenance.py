@@ -241,6 +241,13 @@ def referenced_files(table: Table) -> set[str]:
     return keep
 
 
+def unreferenced(table: Table, paths: Iterable[str]) -> list[str]:
+    """Those of ``paths`` that no snapshot of the table references (never committed,
+    or only by snapshots already expired)."""
+    keep = referenced_files(table)
+    return [p for p in paths if _key(p) not in keep]
+
+
 @dataclass(slots=True)
 class OrphanOutcome:
     files_deleted: int = 0
