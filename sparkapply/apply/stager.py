@@ -21,13 +21,20 @@ WHAT IS SPECULATIVE
     is read; when nothing remains, no Spark job runs at all. Otherwise the files are
     deleted and the whole transaction is applied from the spool.
 
-ABORTS, PREPARE, DDL
+ABORTS, DDL
     A subtransaction abort truncates the spool at the subtransaction's first change
     (``assembler.py``): every piece that reaches past that offset is discarded, and
-    staging resumes from the piece boundary before it. A top-level abort, a STREAM
-    PREPARE (the prepared store keeps the spool; COMMIT PREPARED applies from it), and a
+    staging resumes from the piece boundary before it. A top-level abort, and a
     RELATION message that describes again a relation the transaction already described
-    (DDL inside it) discard all of the transaction's staging.
+    (DDL inside it), discard all of the transaction's staging.
+
+TWO-PHASE
+    At STREAM PREPARE the prepared store takes the spool; the pieces are kept with it:
+    once they have all finished, a record ``prepared/<xid>.staged.json`` lists their
+    files, and the journal lets go of them. COMMIT PREPARED, in this session or after a
+    restart, hands them to the apply like a STREAM COMMIT; ROLLBACK PREPARED deletes
+    them. A restart before the record was written sweeps the files, and the commit
+    reads the prepared spool.
 
 CRASH
     Every piece that wrote files is journalled under ``work_dir/staging`` (table and
@@ -52,7 +59,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkapply.apply.stage import StageResult, StageTable, StageTask, run_stage_task
+from sparkapply.apply.stage import (
+    StagedFiles,
+    StageResult,
+    StageTable,
+    StageTask,
+    run_stage_task,
+)
 from sparkapply.apply.writer import filesystem
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import SparkapplyError
@@ -61,6 +74,7 @@ from sparkapply.pgoutput import messages as m
 from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.maintenance import list_files, unreferenced
 from sparkapply.sink.tables import data_directory
+from sparkapply.workdir import prepared_dir
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -99,6 +113,7 @@ class StagedWork:
     end: int  # the transaction's spool end
     pieces: list[Piece]
     relations_at: Callable[[int], tuple[m.Relation, ...]]
+    record: Path | None = None  # a prepared transaction's staging record
     _results: list[StageResult] | None = field(default=None, init=False)
     _failed: bool = field(default=False, init=False)
 
@@ -153,6 +168,8 @@ class StagedWork:
         _delete_files([f for r in results for t in r.tables for f in t.files if f not in used])
         for result in results:
             _forget_journal(result)
+        if self.record is not None:
+            self.record.unlink(missing_ok=True)
 
 
 @dataclass(slots=True)
@@ -190,6 +207,9 @@ class Stager:
         self._inflight = 0
         # Each piece is one Spark job; two let one start while another finishes.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sparkapply-stage")
+        self.prepared_dir = prepared_dir(work_dir)
+        self._preparing: dict[int, list[Piece]] = {}  # STREAM PREPAREd, record pending
+        self._prepare_lock = threading.Lock()
         self.pieces_staged = 0
         self.bytes_staged = 0
 
@@ -255,11 +275,79 @@ class Stager:
             return None
         return StagedWork(xid, path, end, state.pieces, relations_at)
 
+    # -- two-phase ---------------------------------------------------------------------
+
+    def prepared(self, xid: int) -> None:
+        """STREAM PREPARE of ``xid``: keep its pieces for COMMIT PREPARED, also across a
+        restart (a record beside the prepared store's entry, written once every piece
+        has finished; until then a restart sweeps them and the commit reads the spool)."""
+        state = self._open.pop(xid, None)
+        if state is None or not state.pieces or state.disabled:
+            return
+        with self._prepare_lock:
+            self._preparing[xid] = state.pieces
+        self._pool.submit(self._persist_prepared, xid, state.pieces)
+
+    def commit_prepared(
+        self, xid: int, path: str, end: int, relations: tuple[m.Relation, ...]
+    ) -> StagedWork | None:
+        """COMMIT PREPARED of ``xid``, whose spool is now ``path`` (same offsets)."""
+        record = self._record(xid)
+        with self._prepare_lock:
+            pieces = self._preparing.pop(xid, None)
+        if pieces is None:
+            pieces = _load_record(record)
+        if not pieces:
+            return None
+        return StagedWork(xid, path, end, pieces, lambda _offset: relations, record=record)
+
+    def rolled_back(self, xid: int) -> None:
+        """ROLLBACK PREPARED of ``xid``: its staged files go."""
+        record = self._record(xid)
+        with self._prepare_lock:
+            pieces = self._preparing.pop(xid, None)
+        if pieces is None:
+            pieces = _load_record(record) or []
+        self._discard(pieces)
+        record.unlink(missing_ok=True)
+
+    def _record(self, xid: int) -> Path:
+        return self.prepared_dir / f"{xid}.staged.json"
+
+    def _persist_prepared(self, xid: int, pieces: list[Piece]) -> None:
+        results = [_outcome(p.future, xid) for p in pieces]
+        with self._prepare_lock:
+            if self._preparing.get(xid) is not pieces:
+                return  # committed or rolled back meanwhile: that path owns the files
+            if any(r.error is not None for r in results):
+                self._preparing.pop(xid)
+                self._discard(pieces)
+                return
+            doc = {
+                "xid": xid,
+                "pieces": [
+                    {
+                        "start": p.segment.start,
+                        "end": p.segment.end,
+                        "touched": sorted(p.touched),
+                        "covered": sorted(p.covered),
+                        "tables": [dataclasses.asdict(t) for t in r.tables],
+                    }
+                    for p, r in zip(pieces, results, strict=True)
+                ],
+            }
+            _write_json(self._record(xid), doc)
+        for result in results:
+            _forget_journal(result)  # the record keeps the files from the sweep now
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """At a session's end. Pieces in flight finish (at most the in-flight budget),
+        so that prepared transactions get their records; those of transactions still
+        open are deleted, and what a crash would leave is swept at the next start."""
         for state in self._open.values():
             self._discard(state.pieces)
         self._open.clear()
+        self._pool.shutdown(wait=True)
 
     # -- pieces ------------------------------------------------------------------------------
 
@@ -328,12 +416,7 @@ class Stager:
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         path = self.journal_dir / f"{task.tables[0].prefix}{task.xid}.json"
         entries = [{"table": t.name, "dir": t.data_dir, "prefix": t.prefix} for t in task.tables]
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"xid": task.xid, "tables": entries}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        _write_json(path, {"xid": task.xid, "tables": entries})
         return str(path)
 
     def _discard(self, pieces: Sequence[Piece]) -> None:
@@ -347,6 +430,33 @@ class Stager:
             _delete_files([f for t in result.tables for f in t.files])
             if result.error is None:  # else the files are unknown: the next start sweeps
                 _forget_journal(result)
+
+
+def _write_json(path: Path, doc: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def _load_record(record: Path) -> list[Piece] | None:
+    """The pieces a prepared transaction's staging record describes, already done."""
+    try:
+        doc = json.loads(record.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the unreadable staging record %s: %s", record, exc)
+        return None
+    pieces = []
+    for raw in doc["pieces"]:
+        fut: Future[StageResult] = Future()
+        fut.set_result(StageResult(tables=[StagedFiles(**t) for t in raw["tables"]]))
+        segment = SpoolSegment("", raw["start"], raw["end"])
+        pieces.append(Piece(segment, fut, frozenset(raw["touched"]), frozenset(raw["covered"])))
+    return pieces
 
 
 def _outcome(future: Future[StageResult], xid: int) -> StageResult:
@@ -368,6 +478,13 @@ def sweep_staged(work_dir: Path, catalog: Catalog) -> int:
     root = work_dir / "staging"
     if not root.is_dir():
         return 0
+    kept = {  # staged for prepared transactions, waiting for COMMIT PREPARED
+        f
+        for record in prepared_dir(work_dir).glob("*.staged.json")
+        for piece in (_load_record(record) or [])
+        for t in piece.future.result().tables
+        for f in t.files
+    }
     by_table: dict[str, list[str]] = {}
     entries = sorted(root.iterdir())
     for entry in entries:
@@ -384,7 +501,7 @@ def sweep_staged(work_dir: Path, catalog: Catalog) -> int:
         namespace, _, table_name = name.rpartition(".")
         try:
             table = catalog.load_table((namespace, table_name))
-            doomed = unreferenced(table, files)
+            doomed = unreferenced(table, [f for f in files if f not in kept])
         except Exception as exc:  # the orphan sweep removes them later
             log.warning("cannot check the staged files of %s: %s", name, exc)
             continue

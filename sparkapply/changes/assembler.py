@@ -116,6 +116,14 @@ class StreamStager(Protocol):
         self, xid: int, path: str, end: int, relations_at: Callable[[int], tuple[m.Relation, ...]]
     ) -> StagedWork | None: ...
 
+    def prepared(self, xid: int) -> None: ...
+
+    def commit_prepared(
+        self, xid: int, path: str, end: int, relations: tuple[m.Relation, ...]
+    ) -> StagedWork | None: ...
+
+    def rolled_back(self, xid: int) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
@@ -332,6 +340,8 @@ class Assembler:
             self._commit_prepared(msg)
         elif isinstance(msg, m.RollbackPrepared):
             self.prepared.remove(msg.xid)
+            if self.stager is not None:
+                self.stager.rolled_back(msg.xid)
             self.progress.add(msg.rollback_end_lsn, done=True)
         elif isinstance(msg, m.LogicalMessage):
             pass  # logical messages carry no table changes; nothing to apply
@@ -518,8 +528,6 @@ class Assembler:
         self, txn: _OpenTxn, xid: int, gid: str, prepare_lsn: int, end_lsn: int, ptime: int
     ) -> None:
         is_stream = self.spool.is_stream(txn.writer)
-        if txn.streamed and self.stager is not None:
-            self.stager.dropped(xid)  # COMMIT PREPARED applies it from the prepared store
         segment = txn.writer.segment(txn.start)
         txn.writer.flush()
         if is_stream:
@@ -540,6 +548,8 @@ class Assembler:
             source=segment,
             move=is_stream,
         )
+        if txn.streamed and self.stager is not None:
+            self.stager.prepared(xid)  # its pieces wait for COMMIT PREPARED
         failpoint("after-stage")
         self.progress.add(end_lsn, done=True)
 
@@ -591,6 +601,13 @@ class Assembler:
                 out.append(rel)
             return out
 
+        staged = None
+        if entry.streamed and self.stager is not None:
+            described = {r.relation_id: r for r in rels(entry.start_relations)}
+            described.update((r.relation_id, r) for r in rels(entry.own_relations))
+            staged = self.stager.commit_prepared(
+                entry.xid, entry.spool_path, entry.spool_size, tuple(described.values())
+            )
         committed = CommittedTxn(
             xid=entry.xid,
             commit_lsn=Lsn(msg.commit_lsn),
@@ -605,5 +622,6 @@ class Assembler:
             has_truncate=entry.has_truncate,
             mutated_relation_ids=entry.mutated_relation_ids,
             gid=entry.gid,
+            staged=staged,
         )
         self._emit(committed, apply_own=entry.streamed)

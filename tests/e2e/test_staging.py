@@ -169,12 +169,34 @@ def test_stream_prepare_restart_then_commit_prepared(staging: Mirror) -> None:
     with psycopg.connect(m.dsn) as conn:
         conn.execute("INSERT INTO t SELECT g, 'p' FROM generate_series(1, 5000) g")
         conn.execute("PREPARE TRANSACTION 'staged-gid'")
-    m.run()  # staged while it arrived, then STREAM PREPARE: kept in the prepared store
-    m.run()  # a restart in between
+    m.run()  # staged while it arrived, then STREAM PREPARE: kept with the prepared store
+    records = list((Path(str(m.config.work_dir)) / "prepared").glob("*.staged.json"))
+    assert len(records) == 1
+    m.run()  # a restart in between: the sweep keeps the prepared transaction's files
     m.sql("COMMIT PREPARED 'staged-gid'")
+    summary = m.run()
+    m.assert_mirrored("public.t")
+    assert summary.staged_rows > 2500, summary
+    assert not records[0].exists()
+    assert not _unreferenced(m, "public.t")
+
+
+def test_rollback_prepared_deletes_the_staged_files(staging: Mirror) -> None:
+    m = staging
+    m.sql("CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION pub FOR TABLE t")
+    m.run()
+    m.sql("INSERT INTO t VALUES (0, 'kept')")
+    before = _data_files(m)
+    with psycopg.connect(m.dsn) as conn:
+        conn.execute("INSERT INTO t SELECT g, 'p' FROM generate_series(1, 5000) g")
+        conn.execute("PREPARE TRANSACTION 'doomed-gid'")
+    m.run()
+    assert len(_data_files(m) - before) > 1  # staged files are waiting
+    m.sql("ROLLBACK PREPARED 'doomed-gid'")
     m.run()
     m.assert_mirrored("public.t")
     assert not _unreferenced(m, "public.t")
+    assert not list((Path(str(m.config.work_dir)) / "prepared").glob("*.staged.json"))
 
 
 def test_kill_while_pieces_are_staged_then_restart(staging: Mirror, tmp_path: Path) -> None:
