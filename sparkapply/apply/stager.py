@@ -67,7 +67,7 @@ from sparkapply.apply.stage import (
     run_stage_task,
 )
 from sparkapply.apply.writer import filesystem
-from sparkapply.changes.spool import SpoolSegment
+from sparkapply.changes.spool import SpoolSegment, remove_spool_file
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.pgoutput import messages as m
@@ -277,16 +277,18 @@ class Stager:
 
     # -- two-phase ---------------------------------------------------------------------
 
-    def prepared(self, xid: int) -> None:
+    def prepared(self, xid: int, path: str) -> bool:
         """STREAM PREPARE of ``xid``: keep its pieces for COMMIT PREPARED, also across a
         restart (a record beside the prepared store's entry, written once every piece
-        has finished; until then a restart sweeps them and the commit reads the spool)."""
+        has finished; until then a restart sweeps them and the commit reads the spool).
+        True: pieces read the spool file ``path``; this removes it once they are done."""
         state = self._open.pop(xid, None)
         if state is None or not state.pieces or state.disabled:
-            return
+            return False
         with self._prepare_lock:
             self._preparing[xid] = state.pieces
-        self._pool.submit(self._persist_prepared, xid, state.pieces)
+        self._pool.submit(self._persist_prepared, xid, state.pieces, path)
+        return True
 
     def commit_prepared(
         self, xid: int, path: str, end: int, relations: tuple[m.Relation, ...]
@@ -314,8 +316,9 @@ class Stager:
     def _record(self, xid: int) -> Path:
         return self.prepared_dir / f"{xid}.staged.json"
 
-    def _persist_prepared(self, xid: int, pieces: list[Piece]) -> None:
+    def _persist_prepared(self, xid: int, pieces: list[Piece], path: str) -> None:
         results = [_outcome(p.future, xid) for p in pieces]
+        remove_spool_file(path)  # the prepared store holds the spool under its own name
         with self._prepare_lock:
             if self._preparing.get(xid) is not pieces:
                 return  # committed or rolled back meanwhile: that path owns the files

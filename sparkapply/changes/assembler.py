@@ -116,7 +116,7 @@ class StreamStager(Protocol):
         self, xid: int, path: str, end: int, relations_at: Callable[[int], tuple[m.Relation, ...]]
     ) -> StagedWork | None: ...
 
-    def prepared(self, xid: int) -> None: ...
+    def prepared(self, xid: int, path: str) -> bool: ...
 
     def commit_prepared(
         self, xid: int, path: str, end: int, relations: tuple[m.Relation, ...]
@@ -529,6 +529,13 @@ class Assembler:
     ) -> None:
         is_stream = self.spool.is_stream(txn.writer)
         segment = txn.writer.segment(txn.start)
+        # Its pieces wait for COMMIT PREPARED; those still running read the spool by
+        # its name, which the stager removes once they are done.
+        held = (
+            txn.streamed
+            and self.stager is not None
+            and self.stager.prepared(xid, str(txn.writer.path))
+        )
         txn.writer.flush()
         if is_stream:
             txn.writer.close()
@@ -547,9 +554,8 @@ class Assembler:
             streamed=txn.streamed,
             source=segment,
             move=is_stream,
+            keep_source=held,
         )
-        if txn.streamed and self.stager is not None:
-            self.stager.prepared(xid)  # its pieces wait for COMMIT PREPARED
         failpoint("after-stage")
         self.progress.add(end_lsn, done=True)
 

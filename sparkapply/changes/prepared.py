@@ -131,12 +131,21 @@ class PreparedStore:
         streamed: bool,
         source: SpoolSegment,
         move: bool,
+        keep_source: bool = False,
     ) -> PreparedEntry:
-        """Make the transaction durable. ``move`` renames a whole stream file in."""
+        """Make the transaction durable. ``move`` renames a whole stream file in;
+        ``keep_source`` links it instead (staging tasks still read it by its name)."""
         spool, meta = self._paths(xid)
         meta.unlink(missing_ok=True)  # a re-sent PREPARE replaces the old entry
-        if move and source.start == 0:
+        if move and source.start == 0 and keep_source:
+            try:
+                spool.unlink(missing_ok=True)
+                os.link(source.path, spool)
+            except OSError:  # no hard links here: copy below
+                move = False
+        elif move and source.start == 0:
             os.replace(source.path, spool)
+        if move and source.start == 0:
             with open(spool, "r+b") as f:
                 f.truncate(source.end)
                 os.fsync(f.fileno())

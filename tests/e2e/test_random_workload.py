@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.conftest import PgServer
 from tests.mirror import Mirror, normalize
 from tests.readers import read_with_duckdb
 
@@ -128,20 +129,23 @@ def assert_duckdb_equal(mirror: Mirror, table: str) -> None:
     cols, pg = mirror.pg_rows(table)
     ns, name = table.split(".")
     duck = read_with_duckdb(mirror.catalog.load_table((ns, name)))
-    rows: list[tuple[Any, ...]] = [
-        tuple(r[c] for c in cols) for r in duck.select(cols).to_pylist()
-    ]
+    rows: list[tuple[Any, ...]] = [tuple(r[c] for c in cols) for r in duck.select(cols).to_pylist()]
     left = sorted((tuple(normalize(v) for v in r) for r in pg), key=repr)
     right = sorted((tuple(normalize(v) for v in r) for r in rows), key=repr)
     assert left == right, f"{table}: DuckDB reads differ from PostgreSQL"
 
 
-@pytest.mark.parametrize(("seed", "split"), [(11, False), (29, True)])
+@pytest.mark.parametrize(("seed", "mode"), [(11, "maintain"), (29, "split"), (47, "stage")])
 def test_random_workload_is_mirrored_after_every_round(
-    mirror: Mirror, seed: int, split: bool
+    mirror: Mirror, pg_server: PgServer, seed: int, mode: str
 ) -> None:
+    split = mode == "split"
     if split:  # every keyed table's batch folded by three key-hash partition tasks
         apply = dataclasses.replace(mirror.config.apply, split_bytes=1, max_tasks_per_table=3)
+        mirror.config = dataclasses.replace(mirror.config, apply=apply)
+    elif mode == "stage":  # every change streamed, and staged in pieces of 2 kB
+        pg_server.set_streaming("immediate")
+        apply = dataclasses.replace(mirror.config.apply, stage_bytes=2048)
         mirror.config = dataclasses.replace(mirror.config, apply=apply)
     else:  # maintenance in the run loop, often: compaction and expiry between batches
         maintenance = dataclasses.replace(
@@ -153,21 +157,30 @@ def test_random_workload_is_mirrored_after_every_round(
             retain_seconds=0.0,
         )
         mirror.config = dataclasses.replace(mirror.config, maintenance=maintenance)
+    try:
+        _rounds(mirror, seed, split=split, maintain=mode == "maintain")
+    finally:
+        pg_server.set_streaming("buffered")
+
+
+def _rounds(mirror: Mirror, seed: int, *, split: bool, maintain: bool) -> None:
     rnd = random.Random(seed)
     mirror.sql(*SETUP)
     mirror.run()
+    staged = 0
     for round_no in range(6):
         keys = {t: {int(r[0]) for r in mirror.pg_rows(f"public.{t}")[1]} for t in ("kv", "acct")}
         execute(mirror, rnd, round_sql(rnd, keys, round_no))
-        mirror.run()
+        staged += mirror.run().staged_rows
         mirror.assert_mirrored("public.kv", "public.acct", "public.dup")
         for table in ("public.kv", "public.acct", "public.dup"):
             assert_duckdb_equal(mirror, table)
     # Merge-on-read: the updates and deletes left position-delete files, not rewrites.
     table = mirror.catalog.load_table(("public", "acct"))
     summaries = [s.summary for s in table.metadata.snapshots if s.summary is not None]
-    if split:
+    if not maintain:
         assert any(int(s["added-position-deletes"] or 0) > 0 for s in summaries)
+        assert split or staged > 0  # some insert-only transactions were staged and used
     else:  # compaction ran in the loop and folded the deletes back
         assert any(s.operation.value == "replace" for s in summaries)
         assert len(table.metadata.snapshots) <= 4
