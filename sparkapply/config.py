@@ -72,7 +72,7 @@ class ApplyConfig:
     # least stage_bytes at a time (0: never), with at most stage_inflight_bytes of
     # pieces in flight (see apply/stager.py).
     stage_bytes: int = 16 * 1024 * 1024
-    stage_inflight_bytes: int = 128 * 1024 * 1024
+    stage_inflight_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

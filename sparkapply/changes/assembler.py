@@ -92,12 +92,15 @@ class _OpenTxn:
     n_changes: int = 0
     has_truncate: bool = False
     mutated: set[int] = field(default_factory=set)  # relids with UPDATE/DELETE/TRUNCATE
+    stage_mark: int = 0  # spool offset when the stager was last offered a piece
     prepare: m.BeginPrepare | None = None  # set for Begin Prepare … Prepare
 
 
 class StreamStager(Protocol):
     """Where streamed chunks go as they close (``apply/stager.py``); the assembler
     tells it what the spool of each streamed transaction becomes."""
+
+    stage_bytes: int  # also offered a piece within a chunk, every this many bytes
 
     def chunk_closed(
         self,
@@ -281,6 +284,14 @@ class Assembler:
         if payloads:
             txn.writer.extend(payloads, in_stream)
             txn.n_changes += len(payloads)
+            stager = self.stager
+            if (
+                in_stream
+                and stager is not None
+                and stager.stage_bytes > 0
+                and txn.writer.offset - txn.stage_mark >= stager.stage_bytes
+            ):
+                self._offer_piece(txn)  # a long chunk is staged before its STREAM STOP
         return i
 
     def _feed(self, payload: memoryview | bytes) -> None:
@@ -315,14 +326,7 @@ class Assembler:
             for s in self._streams.values():
                 s.writer.flush()
             if self.stager is not None and xid is not None:
-                txn = self._streams[xid]
-                self.stager.chunk_closed(
-                    xid,
-                    str(txn.writer.path),
-                    txn.writer.offset,
-                    sorted(txn.relation_ids),
-                    self._relations_at(txn),
-                )
+                self._offer_piece(self._streams[xid])
         elif isinstance(msg, m.StreamCommit):
             txn = self._pop_stream(msg.xid, "STREAM COMMIT")
             self._commit(txn, msg.commit_lsn, msg.end_lsn, msg.commit_time, "stream")
@@ -558,6 +562,19 @@ class Assembler:
         )
         failpoint("after-stage")
         self.progress.add(end_lsn, done=True)
+
+    def _offer_piece(self, txn: _OpenTxn) -> None:
+        """Let the stager stage what ``txn`` spooled since its last piece (flushed)."""
+        assert self.stager is not None
+        txn.writer.flush()
+        txn.stage_mark = txn.writer.offset
+        self.stager.chunk_closed(
+            txn.xid,
+            str(txn.writer.path),
+            txn.writer.offset,
+            sorted(txn.relation_ids),
+            self._relations_at(txn),
+        )
 
     def _relations_at(self, txn: _OpenTxn) -> Callable[[int], tuple[m.Relation, ...]]:
         """The descriptions an executor reading ``txn``'s spool from an offset starts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -268,3 +269,87 @@ def test_feed_frames_reports_a_short_change_where_it_is(tmp_path: Path) -> None:
         f.asm.feed_frames([fr for _, fr in good] + [bad], XLOG_DATA_HEADER.size)
     assert err.value.context["lsn"] == 7777 and err.value.context["xid"] == 1
     assert "too short" in str(err.value)
+
+
+# -- what the assembler tells the stager --------------------------------------------------
+
+
+class RecordingStager:
+    """A stager that stages nothing and records what it was told."""
+
+    def __init__(self, stage_bytes: int) -> None:
+        self.stage_bytes = stage_bytes
+        self.calls: list[tuple[object, ...]] = []
+
+    def chunk_closed(self, xid: int, path: str, end: int, relation_ids: object, at: object) -> None:
+        assert callable(at)
+        self.calls.append(("chunk", xid, end, tuple(r.relation_id for r in at(end))))
+
+    def truncated(self, xid: int, offset: int) -> None:
+        self.calls.append(("truncated", xid, offset))
+
+    def dropped(self, xid: int, *, for_good: bool = False) -> None:
+        self.calls.append(("dropped", xid, for_good))
+
+    def committed(self, xid: int, path: str, end: int, at: object) -> None:
+        self.calls.append(("committed", xid, end))
+
+    def prepared(self, xid: int, path: str) -> bool:
+        self.calls.append(("prepared", xid))
+        return False
+
+    def commit_prepared(self, xid: int, path: str, end: int, relations: object) -> None:
+        self.calls.append(("commit_prepared", xid, end))
+
+    def rolled_back(self, xid: int) -> None:
+        self.calls.append(("rolled_back", xid))
+
+
+def _staged_feed(tmp_path: Path, stage_bytes: int = 1 << 30) -> tuple[Feed, RecordingStager]:
+    f = Feed(tmp_path)
+    stager = RecordingStager(stage_bytes)
+    f.asm.stager = stager
+    return f, stager
+
+
+def test_the_stager_hears_of_chunks_aborts_and_the_commit(tmp_path: Path) -> None:
+    f, st = _staged_feed(tmp_path)
+    f(m.StreamStart(10, True), rel(10), row(1, 10), m.StreamStop())
+    f(m.StreamStart(10, False), row(2, 11), row(3, 11), m.StreamStop())
+    f(m.StreamAbort(10, 11, 1, 0))
+    f(m.StreamCommit(10, 0, 5000, 5010, 0))
+    kinds = [c[0] for c in st.calls]
+    assert kinds == ["chunk", "chunk", "truncated", "committed"], st.calls
+    chunk1, chunk2, cut, done = st.calls
+    assert chunk1[3] == (100,)  # the relation is described by the chunk's end
+    assert int(str(cut[2])) == chunk1[2]  # subxact 11 started where chunk 1 ended
+    assert int(str(done[2])) == chunk1[2]  # and the commit ends there
+    assert int(str(chunk2[2])) > int(str(chunk1[2]))
+
+
+def test_top_abort_ddl_and_two_phase_reach_the_stager(tmp_path: Path) -> None:
+    f, st = _staged_feed(tmp_path)
+    f(m.StreamStart(10, True), rel(10), row(1, 10), m.StreamStop(), m.StreamAbort(10, 10, 1, 0))
+    changed = m.Relation(
+        20, 100, "public", "t", "d", (*REL.columns, m.RelationColumn(0, "w", 23, -1))
+    )
+    f(m.StreamStart(20, True), rel(20), row(1, 20), changed, m.StreamStop())
+    f(m.StreamPrepare(0, 6000, 6010, 0, 20, "g"))
+    f(m.CommitPrepared(0, 6100, 6110, 0, 20, "g"))
+    f(m.RollbackPrepared(0, 6200, 6210, 0, 0, 21, "h"))
+    kinds = [c for c in st.calls if c[0] != "chunk"]
+    assert kinds[0] == ("dropped", 10, False)
+    assert ("dropped", 20, True) in kinds  # a second, different RELATION: DDL inside
+    assert ("prepared", 20) in kinds
+    assert [c[0] for c in kinds[-2:]] == ["commit_prepared", "rolled_back"]
+
+
+def test_a_long_chunk_is_offered_before_its_stream_stop(tmp_path: Path) -> None:
+    f, st = _staged_feed(tmp_path, stage_bytes=100)
+    frames = _frames([m.StreamStart(10, True), rel(10), *(row(i, 10) for i in range(40))])
+    for i in range(0, len(frames), 5):  # offered at the end of a receive burst
+        f.asm.feed_frames([fr for _, fr in frames[i : i + 5]], XLOG_DATA_HEADER.size)
+    offers = [c for c in st.calls if c[0] == "chunk"]
+    assert len(offers) >= 3  # and no STREAM STOP yet
+    ends = [int(str(c[2])) for c in offers]
+    assert all(b - a >= 100 for a, b in itertools.pairwise(ends))
