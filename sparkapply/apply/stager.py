@@ -222,9 +222,11 @@ class Stager:
         end: int,
         relation_ids: Sequence[int],
         relations_at: Callable[[int], tuple[m.Relation, ...]],
+        mutated: Sequence[int] = (),
     ) -> None:
         """A chunk of ``xid`` closed with its spool at ``end``: stage what is unstaged
-        if it is enough and the budget allows."""
+        if it is enough and the budget allows. ``mutated``: relations it has updated,
+        deleted from or truncated (their tables' staging could not be used)."""
         if self.stage_bytes <= 0:
             return
         state = self._open.setdefault(xid, _Open())
@@ -239,7 +241,11 @@ class Stager:
         relations = relations_at(start)  # what the task starts from
         # Which table each relation is: every relation the transaction changed by the
         # piece's end is described by then.
-        tables = self._tables(state, relations_at(end), relation_ids)
+        tables = self._tables(state, relations_at(end), relation_ids, frozenset(mutated))
+        if not tables:  # nothing here could be used: no job, and the next piece
+            with self._lock:  # starts where this one would have
+                self._inflight -= size
+            return
         segment = SpoolSegment(path, start, end)
         prefix = f"sparkapply-staged-{uuid.uuid4().hex[:16]}-"
         tables = tuple(dataclasses.replace(t, prefix=prefix) for t in tables)
@@ -355,7 +361,11 @@ class Stager:
     # -- pieces ------------------------------------------------------------------------------
 
     def _tables(
-        self, state: _Open, relations: tuple[m.Relation, ...], relation_ids: Sequence[int]
+        self,
+        state: _Open,
+        relations: tuple[m.Relation, ...],
+        relation_ids: Sequence[int],
+        mutated: frozenset[int],
     ) -> tuple[StageTable, ...]:
         by_id = {r.relation_id: r for r in relations}
         groups: dict[TableIdent, set[int]] = {}
@@ -365,6 +375,8 @@ class Stager:
                 groups.setdefault(self.identifier(rel), set()).add(rid)
         out = []
         for ident, rids in sorted(groups.items()):
+            if rids & mutated:
+                continue
             if ident not in state.tables:
                 state.tables[ident] = self._describe(ident, frozenset(rids))
             table = state.tables[ident]

@@ -109,6 +109,7 @@ class StreamStager(Protocol):
         end: int,
         relation_ids: Sequence[int],
         relations_at: Callable[[int], tuple[m.Relation, ...]],
+        mutated: Sequence[int] = (),
     ) -> None: ...
 
     def truncated(self, xid: int, offset: int) -> None: ...
@@ -574,6 +575,7 @@ class Assembler:
             txn.writer.offset,
             sorted(txn.relation_ids),
             self._relations_at(txn),
+            sorted(txn.mutated),
         )
 
     def _relations_at(self, txn: _OpenTxn) -> Callable[[int], tuple[m.Relation, ...]]:

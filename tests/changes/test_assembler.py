@@ -281,7 +281,9 @@ class RecordingStager:
         self.stage_bytes = stage_bytes
         self.calls: list[tuple[object, ...]] = []
 
-    def chunk_closed(self, xid: int, path: str, end: int, relation_ids: object, at: object) -> None:
+    def chunk_closed(
+        self, xid: int, path: str, end: int, relation_ids: object, at: object, mutated: object = ()
+    ) -> None:
         assert callable(at)
         self.calls.append(("chunk", xid, end, tuple(r.relation_id for r in at(end))))
 
