@@ -38,6 +38,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -78,6 +79,7 @@ class RunSummary:
     flushed: Lsn = INVALID_LSN
     reconnects: int = 0  # sessions ended by a transient error and started again
     skipped: int = 0  # transactions dropped by `sparkapply skip`
+    streaming_started: float = 0.0  # time.monotonic() at the last START_REPLICATION
 
 
 class Subscriber:
@@ -90,8 +92,12 @@ class Subscriber:
         *,
         spark: SparkSession | None = None,
         catalog: Catalog | None = None,
+        on_batch: Callable[[BatchStats], None] | None = None,
     ) -> None:
         self.config = config
+        # Called on the receiving thread with each applied batch's stats (timings
+        # included), once it has completed: how benchmarks and tools observe a run.
+        self.on_batch = on_batch
         self._spark = spark
         self._catalog = catalog
         self._stop = threading.Event()
@@ -214,6 +220,7 @@ class Subscriber:
                 assembler, progress, cfg.apply, skips=SkipStore(work), prepared=prepared
             )
             stream = ReplicationStream(conn, status_interval=src.status_interval)
+            self.summary.streaming_started = time.monotonic()
             stream.start(
                 start_replication_command(
                     slot.name, Lsn(0), src.publication, protocol, origin=src.origin
@@ -307,6 +314,8 @@ class Subscriber:
         self.summary.transactions += len(batch)
         self.summary.changes += stats.changes
         self.metrics.batch_done(batch.txns, stats, seconds)
+        if self.on_batch is not None:
+            self.on_batch(stats)
         log.info(
             "applied %d transactions (%d changes) to %d tables in %.2fs; flushed to %s",
             len(batch),
