@@ -1,6 +1,6 @@
 """Decoder throughput against pg_recvlogical on the same pgoutput stream.
 
-    python bench/decode_bench.py [--rows 1000000] [--repeat 3]
+    python bench/decode_bench.py [--rows 1000000] [--repeat 3] [--out PATH] [--allow-dirty]
 
 Starts its own bundled PostgreSQL 16 in a temporary directory (normal settings:
 ``logical_decoding_work_mem=64MB``, ``debug_logical_replication_streaming=buffered``),
@@ -20,45 +20,29 @@ and one slot per measurement, inserts ``--rows`` rows in ONE transaction, then:
 Both rates are computed over the same messages and the same payload bytes (the
 XLogData headers pg_recvlogical also receives are not counted), so the ratio
 decode / pg_recvlogical says how many times faster than the server can send it our
-decoder decodes. See bench/README.md.
+decoder decodes. With ``--out``, the figures also go to a JSON file. See bench/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import struct
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from benchlib.consumers import PLUGIN_OPTIONS, recvlogical
+from benchlib.report import Output, add_output_options, log, machine, print_table
+from benchlib.servers import PUBLICATION, SETTINGS, create_slot, insert_lsn, scratch, server
+from benchlib.workloads import BENCH, BENCH_DDL, DECODE_INSERT
 
-from sparkapply.embedded import EmbeddedPostgres
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import Decoder
 
-SETTINGS = {
-    "logical_decoding_work_mem": "64MB",
-    "debug_logical_replication_streaming": "buffered",
-    "max_wal_size": "8GB",
-    "checkpoint_timeout": "1h",
-    "wal_sender_timeout": "0",
-}
-PUBLICATION = "bench_pub"
 CAPTURE_SLOT = "bench_capture"
-PLUGIN_OPTIONS = {
-    "proto_version": "4",
-    "publication_names": PUBLICATION,
-    "streaming": "parallel",
-    "two_phase": "on",
-    "messages": "true",
-}
 _LEN = struct.Struct(">I")
 
 
@@ -76,33 +60,26 @@ class Rate:
     def mb_per_s(self) -> float:
         return self.payload_bytes / self.seconds / 1e6
 
+    def as_json(self) -> dict[str, float]:
+        return {
+            "seconds": round(self.seconds, 3),
+            "msgs_per_s": round(self.msgs_per_s),
+            "mb_per_s": round(self.mb_per_s, 2),
+        }
 
-def log(text: str) -> None:
-    print(f"# {text}", file=sys.stderr, flush=True)
 
-
-def prepare(conn: psycopg.Connection[tuple[object, ...]], rows: int, slots: Sequence[str]) -> Lsn:
+def prepare(dsn: str, rows: int, slots: Sequence[str]) -> Lsn:
     """Schema, slots, then the one big transaction; returns the LSN after its commit."""
-    conn.execute(
-        "CREATE TABLE bench (id bigint PRIMARY KEY, a int, b text, c timestamptz, d numeric(12, 2))"
-    )
-    conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE bench")
-    for slot in slots:
-        conn.execute(
-            "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,)
-        )
-    t = time.perf_counter()
-    conn.execute(
-        "INSERT INTO bench SELECT g, (g * 7919) %% 100000, md5(g::text),"
-        " timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',"
-        " (g %% 10000000) / 100.0 FROM generate_series(1, %s::bigint) g",
-        (rows,),
-    )
-    log(f"inserted {rows:,} rows in one transaction in {time.perf_counter() - t:.1f}s")
-    conn.execute("CHECKPOINT")  # the SQL interface decodes flushed WAL only
-    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    return Lsn.parse(str(row[0]))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(BENCH_DDL)
+        conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {BENCH}")
+        for slot in slots:
+            create_slot(dsn, slot)
+        t = time.perf_counter()
+        conn.execute(DECODE_INSERT, (1, rows))
+        log(f"inserted {rows:,} rows in one transaction in {time.perf_counter() - t:.1f}s")
+        conn.execute("CHECKPOINT")  # the SQL interface decodes flushed WAL only
+        return insert_lsn(conn)
 
 
 def capture(dsn: str, path: Path) -> tuple[int, int, Lsn]:
@@ -156,45 +133,19 @@ def time_decoder(payloads: Sequence[bytes], repeat: int) -> float:
     return best
 
 
-def time_recvlogical(server: EmbeddedPostgres, dsn: str, slot: str, endpos: Lsn) -> float:
-    cmd = [str(server.binary("pg_recvlogical")), "-d", dsn, "--slot", slot, "--start"]
-    cmd += ["--endpos", str(endpos), "-f", "/dev/null", "--no-loop", "-F", "0"]
-    for key, value in PLUGIN_OPTIONS.items():
-        cmd += ["-o", f"{key}={value}"]
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"pg_recvlogical failed ({proc.returncode}): {proc.stderr.strip()}")
-    return elapsed
-
-
-def confirmed_flush(dsn: str, slot: str) -> Lsn:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-            (slot,),
-        ).fetchone()
-    assert row is not None and row[0] is not None
-    return Lsn.parse(str(row[0]))
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    add_output_options(parser, None)
     args = parser.parse_args(argv)
     repeat = max(1, args.repeat)
+    output = Output.from_args(args.out, "decode.json", args.allow_dirty, by_default=False)
 
-    tmp = Path(tempfile.mkdtemp(prefix="sparkapply-bench-"))
-    os.chmod(tmp, 0o755)
-    server = EmbeddedPostgres(tmp / "data", settings=SETTINGS)
-    server.start()
-    try:
-        dsn = server.dsn()
+    with scratch("sparkapply-bench-") as tmp, server(tmp / "data", SETTINGS) as pg:
+        dsn = pg.dsn()
         recv_slots = [f"bench_recv_{i}" for i in range(repeat)]
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            after_commit = prepare(conn, args.rows, [CAPTURE_SLOT, *recv_slots])
+        after_commit = prepare(dsn, args.rows, [CAPTURE_SLOT, *recv_slots])
 
         t = time.perf_counter()
         path = tmp / "stream.bin"
@@ -207,39 +158,45 @@ def main(argv: list[str] | None = None) -> int:
         if messages < args.rows:
             raise SystemExit(f"expected at least {args.rows} messages, got {messages}")
 
-        recv_best = float("inf")
-        for slot in recv_slots:
-            elapsed = time_recvlogical(server, dsn, slot, endpos)
-            confirmed = confirmed_flush(dsn, slot)
-            log(f"pg_recvlogical ({slot}): {elapsed:.2f}s, confirmed up to {confirmed}")
-            if confirmed < endpos:  # it must have received the whole stream
-                raise SystemExit(f"pg_recvlogical stopped at {confirmed}, before {endpos}")
-            recv_best = min(recv_best, elapsed)
+        recv_runs = []
+        for slot in recv_slots:  # each checks it received the whole stream
+            recv_runs.append(recvlogical(pg, slot, endpos))
+            log(f"pg_recvlogical ({slot}): {recv_runs[-1]:.2f}s")
 
         payloads = load(path)
         assert len(payloads) == messages
         decode_best = time_decoder(payloads, repeat)
         log(f"Decoder.decode best of {repeat}: {decode_best:.2f}s")
-    finally:
-        server.stop("immediate")
-        shutil.rmtree(tmp, ignore_errors=True)
 
     dec = Rate(decode_best, messages, nbytes)
-    recv = Rate(recv_best, messages, nbytes)
+    recv = Rate(min(recv_runs), messages, nbytes)
     sql_capture = Rate(capture_s, messages, nbytes)
     print(
         f"rows {args.rows:,} in one transaction; {messages:,} messages, "
         f"{nbytes / 1e6:.1f} MB of pgoutput payload (best of {repeat})"
     )
-    print(f"{'':<24}{'seconds':>10}{'msgs/s':>14}{'MB/s':>10}")
-    rows = (
-        ("Decoder.decode", dec),
-        ("pg_recvlogical", recv),
-        ("(SQL capture, 1 run)", sql_capture),
-    )
-    for name, r in rows:
-        print(f"{name:<24}{r.seconds:>10.2f}{r.msgs_per_s:>14,.0f}{r.mb_per_s:>10.1f}")
-    print(f"ratio decode/pg_recvlogical: {dec.msgs_per_s / recv.msgs_per_s:.2f}")
+    rates = {
+        "Decoder.decode": dec,
+        "pg_recvlogical": recv,
+        "(SQL capture, 1 run)": sql_capture,
+    }
+    columns = [("", "<24"), ("seconds", ">10.2f"), ("msgs/s", ">14,.0f"), ("MB/s", ">10.1f")]
+    print_table(columns, [(k, r.seconds, r.msgs_per_s, r.mb_per_s) for k, r in rates.items()])
+    ratio = dec.msgs_per_s / recv.msgs_per_s
+    print(f"ratio decode/pg_recvlogical: {ratio:.2f}")
+    report: dict[str, Any] = {
+        "benchmark": "decode_bench",
+        "rows": args.rows,
+        "repeat": repeat,
+        "machine": machine(),
+        "settings": SETTINGS,
+        "messages": messages,
+        "payload_bytes": nbytes,
+        "rates": {k: r.as_json() for k, r in rates.items()},
+        "pg_recvlogical_seconds_runs": [round(s, 3) for s in recv_runs],
+        "ratio_decode_pg_recvlogical": round(ratio, 3),
+    }
+    output.write(report)
     return 0
 
 

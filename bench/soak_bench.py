@@ -1,7 +1,8 @@
 """Soak: many small mixed batches on a prefilled table, with maintenance on and off.
 
     python bench/soak_bench.py                       # 2,000 batches on 1,000,000 rows
-    python bench/soak_bench.py --rows 20000 --batches 30 --max-data-files 8  # a smoke run
+    python bench/soak_bench.py --rows 20000 --batches 30 --max-data-files 8 \
+        --out /tmp/bench                             # a smoke run, not into bench/results
 
 For each mode (``--modes on,off``): a bundled PostgreSQL 16 publisher with ``orders``
 prefilled with ``--rows`` rows; sparkapply (``local[2]``) copies it; then
@@ -16,7 +17,8 @@ runs, as before maintenance existed.
 
 Reported per mode (and written to ``bench/results/soak.json``):
 
-- the Iceberg commit time of each batch (``commit_files``), median and mean of the
+- the Iceberg commit time of each batch (``BatchStats.commit_seconds``: the commit
+  and the apply's own snapshot expiry), median and mean of the
   first and the last 100 batches, and their ratio (the goal: last <= 1.5 x first);
 - data files + delete files of the table, at the end and the maximum seen;
 - bytes under the table's location against the bytes of the live rows (the table read
@@ -29,13 +31,8 @@ Reported per mode (and written to ``bench/results/soak.json``):
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import shutil
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,25 +40,14 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
+from benchlib.report import Output, add_output_options, log, print_table
+from benchlib.servers import SETTINGS, publish, scratch, server
+from benchlib.sparkapply_runs import sparkapply_config, start_spark
+from benchlib.workloads import ORDERS, ORDERS_DDL, checksum, iceberg_checksum, prefill
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sparkapply.apply.batch import BatchStats
 
-from apply_bench import (
-    DDL,
-    PUBLICATION,
-    SETTINGS,
-    TABLE,
-    checksum,
-    code_version,
-    iceberg_checksum,
-    prefill,
-    sparkapply_config,
-    start_spark,
-)
-
-from sparkapply.embedded import EmbeddedPostgres
-
-IDENT = ("public", TABLE)
+IDENT = ("public", ORDERS)
 INSERT = (
     "INSERT INTO orders SELECT g, g %% 100000, (g %% 1000000) / 100.0, 'new',"
     " now(), md5(g::text) FROM generate_series(%s::bigint, %s::bigint) g"
@@ -96,34 +82,19 @@ def warehouse_bytes(table: Any) -> tuple[int, int, int]:
 
 
 def soak(spark: Any, root: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    import sparkapply.apply.batch as batch_mod
     from sparkapply.config import MaintenanceConfig
     from sparkapply.maintain import Maintainer
     from sparkapply.maintain.plan import health
     from sparkapply.subscriber import Subscriber
 
-    pub = EmbeddedPostgres(root / f"pub-{mode}", settings=SETTINGS)
-    pub.start()
-    commit_seconds: list[float] = []
-    real_commit = batch_mod.commit_files  # type: ignore[attr-defined]
-
-    def timed_commit(*a: Any, **kw: Any) -> int:
-        t = time.perf_counter()
-        try:
-            return real_commit(*a, **kw)
-        finally:
-            commit_seconds.append(time.perf_counter() - t)
-
-    try:
+    with server(root / f"pub-{mode}", SETTINGS) as pub:
         dsn = pub.dsn()
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(DDL)
-            conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
+        publish(dsn, ORDERS_DDL, ORDERS)
         prefill(dsn, args.rows)
         config = sparkapply_config(dsn, root / f"work-{mode}", f"soak_{mode}")
         sub = Subscriber(config, spark=spark)
         sub.run(until_caught_up=True)
-        catalog = sub._catalog
+        catalog = sub.catalog
         assert catalog is not None
         maintainer = None
         if mode == "on":
@@ -145,35 +116,31 @@ def soak(spark: Any, root: Path, mode: str, args: argparse.Namespace) -> dict[st
         maintenance_seconds = 0.0
         batch_commits: list[float] = []
         checks = 0
-        setattr(batch_mod, "commit_files", timed_commit)  # noqa: B010
-        try:
-            for b in range(args.batches):
-                with psycopg.connect(dsn) as conn:
-                    conn.execute(INSERT, (next_id, next_id + args.inserts - 1))
-                    conn.execute(UPDATE, (rnd.sample(range(1, next_id), args.updates),))
-                    conn.execute(DELETE, (rnd.sample(range(1, next_id), args.deletes),))
-                    conn.commit()
-                next_id += args.inserts
-                before = len(commit_seconds)
-                Subscriber(config, spark=spark, catalog=catalog).run(until_caught_up=True)
-                batch_commits.append(sum(commit_seconds[before:]))
-                if maintainer is not None:
-                    t = time.perf_counter()
-                    maintainer.run_due([IDENT])
-                    maintenance_seconds += time.perf_counter() - t
-                h = health(catalog.load_table(IDENT))
-                max_files = max(max_files, h.files)
-                if (b + 1) % 100 == 0 or b + 1 == args.batches:
-                    _check(dsn, catalog)
-                    checks += 1
-                    print(
-                        f"# {mode}: batch {b + 1}: commit {batch_commits[-1] * 1000:.0f} ms, "
-                        f"{h.data_files}+{h.delete_files} files, {h.snapshots} snapshots",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-        finally:
-            setattr(batch_mod, "commit_files", real_commit)  # noqa: B010
+        for b in range(args.batches):
+            with psycopg.connect(dsn) as conn:
+                conn.execute(INSERT, (next_id, next_id + args.inserts - 1))
+                conn.execute(UPDATE, (rnd.sample(range(1, next_id), args.updates),))
+                conn.execute(DELETE, (rnd.sample(range(1, next_id), args.deletes),))
+                conn.commit()
+            next_id += args.inserts
+            applied: list[BatchStats] = []
+            Subscriber(config, spark=spark, catalog=catalog, on_batch=applied.append).run(
+                until_caught_up=True
+            )
+            batch_commits.append(sum(b.commit_seconds for b in applied))
+            if maintainer is not None:
+                t = time.perf_counter()
+                maintainer.run_due([IDENT])
+                maintenance_seconds += time.perf_counter() - t
+            h = health(catalog.load_table(IDENT))
+            max_files = max(max_files, h.files)
+            if (b + 1) % 100 == 0 or b + 1 == args.batches:
+                _check(dsn, catalog)
+                checks += 1
+                log(
+                    f"{mode}: batch {b + 1}: commit {batch_commits[-1] * 1000:.0f} ms, "
+                    f"{h.data_files}+{h.delete_files} files, {h.snapshots} snapshots"
+                )
         table = catalog.load_table(IDENT)
         h = health(table)
         stored, stored_files, metadata_bytes = warehouse_bytes(table)
@@ -200,24 +167,18 @@ def soak(spark: Any, root: Path, mode: str, args: argparse.Namespace) -> dict[st
             "rows_equal": True,  # _check raised otherwise
             "checks": checks,
         }
-    finally:
-        pub.stop("immediate")
 
 
 def _check(dsn: str, catalog: Any) -> None:
     with psycopg.connect(dsn) as conn:
         expected = checksum(conn)
     got = iceberg_checksum(catalog)
-    if (got.count, got.sum_id, got.sum_amount) != (
-        expected.count,
-        expected.sum_id,
-        expected.sum_amount,
-    ):
+    if got != expected:
         raise SystemExit(f"rows differ from the publisher: {got} != {expected}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batches", type=int, default=2_000)
     parser.add_argument("--inserts", type=int, default=50)
@@ -228,41 +189,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-mib", type=int, default=128)
     parser.add_argument("--max-data-files", type=int, default=64)
     parser.add_argument("--max-delete-files", type=int, default=16)
-    parser.add_argument("--out", type=Path)
+    add_output_options(parser, "soak.json")
     args = parser.parse_args(argv)
-    out = args.out or Path(__file__).resolve().parent / "results" / "soak.json"
-    # Spark's Python workers unpickle apply_bench's warm-up function by module name.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")) if p
-    )
-    spark, _, _ = start_spark()
-    root = Path(tempfile.mkdtemp(prefix="sparkapply-soak-"))
-    os.chmod(root, 0o755)
+    output = Output.from_args(args.out, "soak.json", args.allow_dirty)
+    spark, _, _ = start_spark("sparkapply-soak-bench")
     results = []
     try:
-        for mode in args.modes.split(","):
-            results.append(soak(spark, root, mode, args))
+        with scratch("sparkapply-soak-") as root:
+            for mode in args.modes.split(","):
+                results.append(soak(spark, root, mode, args))
     finally:
         spark.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    print(
-        f"{'maintenance':>12}{'commit first':>14}{'last':>10}{'ratio':>7}{'files':>7}"
-        f"{'max':>6}{'bytes/live':>12}{'maint s':>9}  rows"
-    )
+    columns = [
+        ("maintenance", ">12"),
+        ("commit first", ">14"),
+        ("last", ">10"),
+        ("ratio", ">7.2f"),
+        ("files", ">7"),
+        ("max", ">6"),
+        ("bytes/live", ">12"),
+        ("maint s", ">9.1f"),
+        ("  rows", "<6"),
+    ]
+    rows = []
     for r in results:
         ratio = r["bytes_ratio"]
-        print(
-            f"{r['mode']:>12}{r['commit_first_ms']['median']:>11.1f} ms"
-            f"{r['commit_last_ms']['median']:>7.1f} ms{r['commit_ratio_median']:>7.2f}"
-            f"{r['data_files'] + r['delete_files']:>7}{r['max_files']:>6}"
-            f"{ratio if ratio is None else f'{ratio:.2f}':>12}{r['maintenance_seconds']:>9.1f}"
-            f"  {'equal' if r['rows_equal'] else 'DIFFER'}"
+        rows.append(
+            (
+                r["mode"],
+                f"{r['commit_first_ms']['median']:.1f} ms",
+                f"{r['commit_last_ms']['median']:.1f} ms",
+                r["commit_ratio_median"],
+                r["data_files"] + r["delete_files"],
+                r["max_files"],
+                "-" if ratio is None else f"{ratio:.2f}",
+                r["maintenance_seconds"],
+                "  equal" if r["rows_equal"] else "  DIFFER",
+            )
         )
-    report: dict[str, Any] = {"benchmark": "soak_bench", "args": vars(args) | {"out": str(out)}}
-    report |= {"code": code_version(), "modes": results}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(f"wrote {out}")
+    print_table(columns, rows)
+    args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    output.write({"benchmark": "soak_bench", "args": args_json, "modes": results})
     return 0
 
 

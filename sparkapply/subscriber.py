@@ -39,7 +39,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -84,6 +84,7 @@ class RunSummary:
     reconnects: int = 0  # sessions ended by a transient error and started again
     skipped: int = 0  # transactions dropped by `sparkapply skip`
     staged_rows: int = 0  # rows committed from files staged while their transaction arrived
+    streaming_started: float = 0.0  # time.monotonic() at the last START_REPLICATION
 
 
 class Subscriber:
@@ -96,8 +97,12 @@ class Subscriber:
         *,
         spark: SparkSession | None = None,
         catalog: Catalog | None = None,
+        on_batch: Callable[[BatchStats], None] | None = None,
     ) -> None:
         self.config = config
+        # Called on the receiving thread with each applied batch's stats (timings
+        # included), once it has completed: how benchmarks and tools observe a run.
+        self.on_batch = on_batch
         self._spark = spark
         self._catalog = catalog
         self._stop = threading.Event()
@@ -234,6 +239,7 @@ class Subscriber:
                 assembler, progress, cfg.apply, skips=SkipStore(work), prepared=prepared
             )
             stream = ReplicationStream(conn, status_interval=src.status_interval)
+            self.summary.streaming_started = time.monotonic()
             stream.start(
                 start_replication_command(
                     slot.name, Lsn(0), src.publication, protocol, origin=src.origin
@@ -329,6 +335,8 @@ class Subscriber:
         self.summary.changes += stats.changes
         self.summary.staged_rows += stats.staged_rows
         self.metrics.batch_done(batch.txns, stats, seconds)
+        if self.on_batch is not None:
+            self.on_batch(stats)
         log.info(
             "applied %d transactions (%d changes%s) to %d tables in %.2fs; flushed to %s",
             len(batch),

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import pyarrow as pa
 from psycopg import sql
 from psycopg.types.string import TextLoader
 
+from sparkapply.apply.batch import BatchStats
 from sparkapply.config import Config, load_config
 from sparkapply.subscriber import RunSummary, Subscriber
 
@@ -65,10 +67,12 @@ class Mirror:
         self.spark = spark
         self.catalog: Any = None
 
-    def run(self, deadline: float = 240.0) -> RunSummary:
+    def run(
+        self, deadline: float = 240.0, on_batch: Callable[[BatchStats], None] | None = None
+    ) -> RunSummary:
         """Replicate until caught up; a run that does not finish in ``deadline`` s is
         stopped and fails the test (a hang must not eat the CI budget)."""
-        sub = Subscriber(self.config, spark=self.spark, catalog=self.catalog)
+        sub = Subscriber(self.config, spark=self.spark, catalog=self.catalog, on_batch=on_batch)
         outcome: list[RunSummary | BaseException] = []
 
         def target() -> None:

@@ -38,7 +38,7 @@ def merge_results(results: Sequence[TableResult]) -> list[TableResult]:
         into = merged.get(r.table)
         if into is None:
             merged[r.table] = dataclasses.replace(
-                r, added=list(r.added), deletes=list(r.deletes)
+                r, added=list(r.added), deletes=list(r.deletes), timings=dict(r.timings)
             )
             continue
         into.added += r.added
@@ -49,6 +49,8 @@ def merge_results(results: Sequence[TableResult]) -> list[TableResult]:
         into.last_commit_lsn = max(into.last_commit_lsn, r.last_commit_lsn)
         into.seconds = max(into.seconds, r.seconds)
         into.tasks += r.tasks
+        for phase, seconds in r.timings.items():  # task seconds, summed over partitions
+            into.timings[phase] = into.timings.get(phase, 0.0) + seconds
         if into.error is None:
             into.error = r.error
     return list(merged.values())

@@ -64,6 +64,10 @@ class TableResult:
     partition: int = 0
     tasks: int = 1  # tasks that folded the table (key-hash partitions)
     seconds: float = 0.0
+    # Seconds by phase, disjoint: "decode" (insert-only: spool read, decode, Arrow) or
+    # "fold" (spool read, decode, net effect per key); "locate" (finding the replaced
+    # rows in live files); "write" (Parquet data and delete files).
+    timings: dict[str, float] = field(default_factory=dict)
     error: SparkapplyError | None = None
 
     def take(self, written: WriteResult) -> None:
@@ -94,6 +98,17 @@ def run_table_task(task: TableTask) -> TableResult:
 
 def _run(task: TableTask, result: TableResult) -> None:
     writer = TableWriter(task.data_dir, task.schema)
+    try:
+        _fold_and_write(task, result, writer)
+    finally:
+        result.timings["write"] = writer.seconds
+
+
+def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -> None:
+    """The task's phases, timed: what is not the writer's own time in the second
+    phase (``write_effect``, ``apply_delta``) is locating the rows it replaces."""
+    timings = result.timings
+    started = time.perf_counter()
     result.last_commit_lsn = max(t.commit_lsn for t in task.txns)
     if task.insert_only:
         written, n_changes = append_inserts(
@@ -104,6 +119,7 @@ def _run(task: TableTask, result: TableResult) -> None:
             proto_version=task.proto_version,
             streaming=task.streaming,
         )
+        timings["decode"] = time.perf_counter() - started - writer.seconds
         result.take(written)
         result.n_changes = result.n_inserts = n_changes
         result.path = "insert-only"
@@ -126,6 +142,8 @@ def _run(task: TableTask, result: TableResult) -> None:
                 result.path = "row-wise"
                 return
         else:
+            folded = time.perf_counter()
+            timings["fold"] = folded - started
             result.take(
                 write_effect(
                     effect,
@@ -135,6 +153,7 @@ def _run(task: TableTask, result: TableResult) -> None:
                     writer=writer,
                 )
             )
+            timings["locate"] = time.perf_counter() - folded - writer.seconds
             if task.partition[0] == 0:  # every partition decoded every change
                 result.n_changes = effect.n_changes
                 result.n_inserts = effect.n_inserts
@@ -151,6 +170,8 @@ def _run(task: TableTask, result: TableResult) -> None:
         streaming=task.streaming,
         table=task.table,
     )
+    folded = time.perf_counter()
+    timings["fold"] = folded - started  # with a keyed attempt that needed this fold
     result.take(
         apply_delta(
             delta,
@@ -161,6 +182,7 @@ def _run(task: TableTask, result: TableResult) -> None:
             writer=writer,
         )
     )
+    timings["locate"] = time.perf_counter() - folded - writer.seconds
     result.n_changes = delta.n_changes
     result.truncated = delta.truncated
     result.path = "row-wise"

@@ -11,6 +11,7 @@ position, so readers that merge them with a data file's rows can stream them.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -64,14 +65,17 @@ class TableWriter:
         self.prefix = prefix  # of every file name; staging finds its files by it
         self.fs, self.dir_path = filesystem(self.data_dir)
         self.fs.create_dir(self.dir_path, recursive=True)
+        self.seconds = 0.0  # spent writing files (the task reports it as its own phase)
 
     def _new_path(self, suffix: str) -> str:
         return f"{self.dir_path}/{self.prefix}{uuid.uuid4().hex}{suffix}.parquet"
 
     def write(self, table: pa.Table) -> str:
         """A data file with ``table`` (cast to the table schema); its URI."""
+        started = time.perf_counter()
         path = self._new_path("")
         pq.write_table(table.cast(self.schema), path, filesystem=self.fs)
+        self.seconds += time.perf_counter() - started
         return _uri(self.data_dir, path)
 
     def write_deletes(self, positions: Mapping[str, np.ndarray]) -> DeleteFileInfo | None:
@@ -79,6 +83,7 @@ class TableWriter:
         paths = sorted(p for p, pos in positions.items() if len(pos))
         if not paths:
             return None
+        started = time.perf_counter()
         pos_arrays = [np.sort(np.asarray(positions[p], np.int64)) for p in paths]
         counts = [len(a) for a in pos_arrays]
         table = pa.Table.from_arrays(
@@ -91,6 +96,7 @@ class TableWriter:
         path = self._new_path("-deletes")
         pq.write_table(table, path, filesystem=self.fs)
         size = self.fs.get_file_info(path).size
+        self.seconds += time.perf_counter() - started
         return DeleteFileInfo(
             path=_uri(self.data_dir, path),
             record_count=table.num_rows,

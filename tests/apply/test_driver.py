@@ -46,9 +46,10 @@ def test_only_big_keyed_mutating_batches_are_split() -> None:
 def test_partition_results_merge_into_one_commit() -> None:
     d = DeleteFileInfo("/d/x-deletes.parquet", 2, 10, "/d/a", "/d/a", 0, 1)
     parts = [
-        TableResult("public.t", added=["/d/1"], rows_written=3, n_changes=9, partition=1),
+        TableResult("public.t", added=["/d/1"], rows_written=3, n_changes=9, partition=1,
+                    timings={"fold": 1.0, "write": 0.5}),
         TableResult("public.t", added=["/d/0"], deletes=[d], rows_written=2, rows_removed=2,
-                    n_changes=9, last_commit_lsn=7, partition=0),
+                    n_changes=9, last_commit_lsn=7, partition=0, timings={"fold": 2.0}),
         TableResult("public.u", added=["/d/u"], rows_written=1, n_changes=1),
     ]
     merged = {r.table: r for r in merge_results(parts)}
@@ -56,6 +57,8 @@ def test_partition_results_merge_into_one_commit() -> None:
     assert t.added == ["/d/0", "/d/1"] and t.deletes == [d]
     assert (t.rows_written, t.rows_removed, t.n_changes, t.tasks) == (5, 2, 9, 2)
     assert t.last_commit_lsn == 7
+    assert t.timings == {"fold": 3.0, "write": 0.5}  # task seconds, summed
+    assert parts[1].timings == {"fold": 2.0}  # the partition's own result is not changed
     assert merged["public.u"].tasks == 1
     failed = merge_results([*parts[:2], dataclasses.replace(parts[0], error=ApplyError("x"))])
     assert failed[0].error is not None

@@ -11,6 +11,7 @@ import pytest
 from sparkapply.apply.effect import apply_delta
 from sparkapply.apply.fold import TxnInput, fold_table
 from sparkapply.apply.inserts import append_inserts
+from sparkapply.apply.tasks import TableTask, run_table_task
 from sparkapply.apply.writer import TableWriter
 from sparkapply.changes.spool import SpoolWriter
 from sparkapply.errors import ProtocolError
@@ -94,3 +95,24 @@ def test_a_cut_record_is_a_protocol_error(tmp_path: Path) -> None:
             frozenset({7}), [txn], schema=SCHEMA, writer=TableWriter(str(tmp_path / "a"), SCHEMA)
         )
     assert info.value.context["xid"] == 10
+
+
+def test_the_task_times_its_phases(tmp_path: Path) -> None:
+    task = TableTask(
+        table="public.t",
+        relation_ids=frozenset({7}),
+        keyed=True,
+        key_names=("id",),
+        txns=(spool(tmp_path),),
+        schema=SCHEMA,
+        data_files=(),
+        delete_files=(),
+        data_dir=str(tmp_path / "d"),
+        proto_version=4,
+        streaming="parallel",
+        insert_only=True,
+    )
+    result = run_table_task(task)
+    assert result.error is None and result.path == "insert-only"
+    assert set(result.timings) == {"decode", "write"}
+    assert all(0 < seconds < result.seconds for seconds in result.timings.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sparkapply.apply.batch import BatchStats
 from tests.conftest import PgServer
 from tests.mirror import Mirror
 
@@ -22,8 +23,20 @@ def test_insert_update_delete(mirror: Mirror) -> None:
         "DELETE FROM t WHERE id % 7 = 0",
         "UPDATE t SET id = id + 1000 WHERE id BETWEEN 1 AND 5",
     )
-    mirror.run()
+    batches: list[BatchStats] = []
+    summary = mirror.run(on_batch=batches.append)
     mirror.assert_mirrored("public.t")
+    # The timings the package records for benchmarks and operators.
+    assert batches and summary.streaming_started > 0
+    for stats in batches:
+        assert summary.streaming_started < stats.started < stats.finished
+        assert stats.plan_seconds > 0 and stats.job_seconds > 0 and stats.commit_seconds > 0
+        assert stats.job_seconds < stats.finished - stats.started
+        (result,) = stats.results
+        inserts_only = result.path == "insert-only"
+        phases = {"decode", "write"} if inserts_only else {"fold", "locate", "write"}
+        assert set(result.timings) == phases
+        assert all(seconds >= 0 for seconds in result.timings.values())
 
 
 def test_old_snapshots_are_expired_and_the_lsn_survives(mirror: Mirror) -> None:
