@@ -129,7 +129,15 @@ def print_report(
         )
         receive_cpu = best.detail.get("receive_thread_cpu_seconds")
         if receive_cpu is not None:
-            print(f"  receiving thread CPU during receive: {receive_cpu:.2f}s")
+            per_msg = receive_cpu / max(best.detail["changes"], 1) * 1e6
+            print(
+                f"  receiving thread CPU during receive: {receive_cpu:.2f}s"
+                f" ({per_msg:.2f} us per change)"
+            )
+        print(
+            f"  rows staged while the transaction arrived: {best.detail['staged_rows']:,};"
+            f" driver peak RSS: {best.detail['driver_peak_rss_mib']} MiB"
+        )
     print(
         f"Spark session startup (not in the times above): {spark_times[0]:.1f}s,"
         f" + {spark_times[1]:.1f}s warm-up job"

@@ -21,6 +21,27 @@ def loadavg() -> float:
     return os.getloadavg()[0]
 
 
+def reset_peak_rss() -> None:
+    """Start this process's peak RSS (VmHWM) over from its current RSS (Linux)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # then the peak is the process's lifetime peak
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory in MiB (VmHWM), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def _stat_fields(path: str) -> list[str] | None:
     """The fields of a ``/proc/.../stat`` after the command name (which may hold
     spaces and parentheses); None if the process or thread is gone."""

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from benchlib.consumers import Run
-from benchlib.metering import CpuMeter, ThreadCpuSampler, loadavg
+from benchlib.metering import CpuMeter, ThreadCpuSampler, loadavg, peak_rss_mib, reset_peak_rss
 from benchlib.servers import PUBLICATION, postmaster_pid
 from benchlib.workloads import Backlog, iceberg_checksum
 from sparkapply.apply.batch import BatchStats
@@ -155,6 +155,7 @@ class Sparkapply:
         sub = Subscriber(config, spark=self.spark, on_batch=batches.append)
         load = loadavg()
         sampler = ThreadCpuSampler(threading.current_thread())
+        reset_peak_rss()
         with sampler, CpuMeter(os.getpid(), postmaster_pid(self.pub)) as cpu:
             t0 = time.monotonic()
             if self.profile is not None:
@@ -165,6 +166,7 @@ class Sparkapply:
                 if self.profile is not None:
                     self.profile.disable()
             t1 = time.monotonic()
+        peak_rss = peak_rss_mib()  # the driver's Python process (the JVM is another)
         got = iceberg_checksum(sub.catalog, backlog.table, backlog.amount)
         backlog.verify(f"sparkapply {slot}", got)
         if self.streamed and summary.changes != backlog.changes:
@@ -188,6 +190,8 @@ class Sparkapply:
             "spool_bytes_left": spool,
             "receive_thread_cpu_seconds": None if receive_cpu is None else round(receive_cpu, 3),
             "executor_phases": executor_phases(batches),
+            "staged_rows": summary.staged_rows,
+            "driver_peak_rss_mib": None if peak_rss is None else round(peak_rss),
             "verified": got.as_json(),
         }
         with psycopg.connect(self.pub.dsn(), autocommit=True) as conn:
