@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkapply.apply.effect import apply_delta
-from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.fold import TxnInput, coalesced, fold_table
 from sparkapply.apply.inserts import append_inserts
 from sparkapply.apply.writer import TableWriter
 from sparkapply.changes.spool import SpoolWriter
@@ -94,3 +94,24 @@ def test_a_cut_record_is_a_protocol_error(tmp_path: Path) -> None:
             frozenset({7}), [txn], schema=SCHEMA, writer=TableWriter(str(tmp_path / "a"), SCHEMA)
         )
     assert info.value.context["xid"] == 10
+
+
+@pytest.mark.parametrize("shipped", [False, True])
+def test_an_error_in_a_run_names_the_exact_transaction(tmp_path: Path, shipped: bool) -> None:
+    w = SpoolWriter(tmp_path / "s.spool")
+    txns = []
+    for t in range(3):
+        start = w.offset
+        good = encode(ins(t + 1, None))
+        w.append(good[:-3] if t == 1 else good, False)
+        w.flush()
+        txns.append(TxnInput(t, 10 + t, 100 + t, (w.segment(start),), (V1,)))
+    if shipped:  # the driver coalesced them
+        txns = coalesced(txns)
+        assert len(txns) == 1
+    with pytest.raises(ProtocolError) as info:
+        append_inserts(
+            frozenset({7}), txns, schema=SCHEMA, writer=TableWriter(str(tmp_path / "a"), SCHEMA)
+        )
+    assert info.value.context["xid"] == 11
+    assert info.value.context["lsn"] == 101
