@@ -17,10 +17,12 @@ FAILURE AND RESTART
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import gc
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -69,6 +71,27 @@ class BatchStats:
     skipped: int = 0
     commit_seconds: float = 0.0  # the Iceberg commits of the batch, all tables
     results: list[TableResult] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a batch is planned and applied.
+
+    Planning 20,000 one-row transactions makes some 100,000 short-lived objects (task
+    inputs, tuples) while the driver holds the batch's transactions and Spark's and
+    pyiceberg's objects; one full collection over them was measured at 0.2 s, as much
+    as the planning itself. The apply makes no reference cycles worth collecting
+    during it; the collector runs after it. (Another thread may pause the collector
+    too: whoever resumes it first ends both pauses, which only costs time.)
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _full_identity(rel: m.Relation) -> m.Relation:
@@ -127,6 +150,10 @@ class Applier:
         self._applied.pop(ident, None)
 
     def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
+        with _collector_paused():
+            return self._apply(batch)
+
+    def _apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
         stats = BatchStats(transactions=len(batch))
         # Relation versions in apply order, and which table each relation id is.
         versions: dict[tuple[str, str], list[tuple[m.Relation, Lsn]]] = {}
