@@ -35,17 +35,17 @@ ERRORS
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg
 
+from sparkapply import collector
 from sparkapply.apply.batch import Applier, BatchStats
 from sparkapply.apply.stager import Stager, sweep_staged
 from sparkapply.changes.assembler import Assembler
@@ -274,7 +274,7 @@ class Subscriber:
         try:
             while True:
                 busy = running is not None or assembler.backlog().transactions > 0
-                with _collector_paused():
+                with collector.paused():
                     frames = stream.poll_burst(0.05 if busy else 0.2)
                     assembler.feed_frames(frames, XLOG_DATA_HEADER.size)
                     got = bool(frames)
@@ -450,22 +450,3 @@ def _locate(exc: SparkapplyError, batch: Batch) -> SparkapplyError:
         exc.hint = f"{exc.hint}; {skip}" if exc.hint else skip
     return exc
 
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a burst is received.
-
-    A burst holds tens of thousands of live message buffers, and in a process that also
-    holds Spark's and pyiceberg's objects the collector's passes over them cost as much
-    as receiving them (measured: 2.2 against 1.1 microseconds per message). The burst
-    makes no reference cycles, so nothing is lost by collecting after it instead; the
-    caller drops the burst's buffers before leaving, so the collector never sees them.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
+from sparkapply import collector
 from sparkapply.apply.driver import run_tasks
 from sparkapply.apply.fold import TxnInput
 from sparkapply.apply.tasks import TableResult, TableTask
@@ -35,19 +36,19 @@ from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
-from sparkapply.plan.graph import dependency_graph, table_lanes
+from sparkapply.plan.graph import lanes
 from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.commit import commit_files
 from sparkapply.sink.files import (
+    DataFileInfo,
+    LiveFileCache,
     current_snapshot_id,
-    data_file_infos,
-    delete_file_infos,
-    live_files,
     remove_orphans,
 )
 from sparkapply.sink.maintenance import expire_and_delete, expire_snapshots
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import evolve_to
+from sparkapply.sink.rowdelta import DeleteFileInfo
 from sparkapply.sink.tables import data_directory, ensure_table
 
 if TYPE_CHECKING:
@@ -158,6 +159,9 @@ class Applier:
         self._tables: dict[TableIdent, Table] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
         self._known: set[TableIdent] = set()
+        # Live files by manifest: a batch reads only the manifests new since the last
+        # (see sink/files.py, THE LISTING CACHE).
+        self._files = LiveFileCache()
         self.retain_snapshots = retain_snapshots
         self.split_bytes = split_bytes
         # With maintenance on, expiry here also deletes the files only expired
@@ -181,12 +185,20 @@ class Applier:
         self._applied.pop(ident, None)
 
     def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
+        with collector.paused():
+            return self._apply(batch)
+
+    def _apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
         stats = BatchStats(transactions=len(batch), started=time.monotonic())
         # Relation versions in apply order, and which table each relation id is.
         versions: dict[tuple[str, str], list[tuple[m.Relation, Lsn]]] = {}
         relid_table: dict[int, tuple[str, str]] = {}
+        last_seen: dict[int, m.Relation] = {}  # the relation object each id had last
         for txn in batch:
             for rel in [*txn.relations.values(), *txn.relation_messages]:
+                if last_seen.get(rel.relation_id) is rel:
+                    continue  # the same cache entry as the previous transaction's
+                last_seen[rel.relation_id] = rel
                 ident = self.identifier(rel)
                 relid_table[rel.relation_id] = ident
                 seen = versions.setdefault(ident, [])
@@ -196,8 +208,8 @@ class Applier:
                     or (seen[-1][0].replica_identity != rel.replica_identity)
                 ):
                     seen.append((rel, txn.commit_lsn))
-        graph = dependency_graph(batch, lambda rid: ".".join(relid_table[rid]))
-        lanes = table_lanes(graph)
+        names = {rid: ".".join(ident) for rid, ident in relid_table.items()}
+        table_lanes = lanes(batch, names.__getitem__)
 
         tasks: list[TableTask] = []
         planned: dict[str, tuple[Table, TableIdent, int | None]] = {}
@@ -208,8 +220,9 @@ class Applier:
             table = self._table(ident, rels)
             applied = self.applied(ident)
             name = ".".join(ident)
-            ordinals = [o for o in lanes.get(name, []) if batch[o].commit_lsn > applied]
-            stats.skipped += len(lanes.get(name, [])) - len(ordinals)
+            lane = table_lanes.get(name, [])
+            ordinals = [o for o in lane if batch[o].commit_lsn > applied]
+            stats.skipped += len(lane) - len(ordinals)
             if not ordinals:
                 continue
             relids = frozenset(rid for rid, t in relid_table.items() if t == ident)
@@ -220,7 +233,11 @@ class Applier:
             )
             latest = _full_identity(rels[-1][0])
             key_names = tuple(c.name for c in latest.columns if c.is_key)
-            live = live_files(table) if not insert_only else None
+            data_files: list[DataFileInfo] = []
+            delete_files: list[DeleteFileInfo] = []
+            if not insert_only:
+                key_column = key_names[0] if len(key_names) == 1 else None
+                data_files, delete_files = self._files.listing(table, key_column)
             staged = _StagedShare(name)
             txns = tuple(
                 staged.input(o, batch[o], relids, table.schema().schema_id if insert_only else None)
@@ -241,12 +258,8 @@ class Applier:
                     key_names=key_names,
                     txns=txns,
                     schema=arrow_schema_of(table),
-                    data_files=tuple(
-                        data_file_infos(table, live, key_names[0] if len(key_names) == 1 else None)
-                    )
-                    if live is not None
-                    else (),
-                    delete_files=tuple(delete_file_infos(live)) if live is not None else (),
+                    data_files=tuple(data_files),
+                    delete_files=tuple(delete_files),
                     data_dir=data_directory(table),
                     proto_version=self.proto_version,
                     streaming=self.streaming,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
+from sparkapply.apply.fold import coalesced
 from sparkapply.apply.tasks import TableResult, TableTask, run_table_task
 
 
@@ -71,6 +72,10 @@ def run_tasks(
     expanded: list[TableTask] = []
     for task in tasks:
         n = partitions_for(task, parallelism, split_bytes, max_tasks_per_table)
+        # Back-to-back transactions travel as one input: one object to pickle and
+        # unpickle instead of 20,000 (the executor splits a run again only to name
+        # one transaction in an error).
+        task = dataclasses.replace(task, txns=tuple(coalesced(task.txns)))
         expanded += [dataclasses.replace(task, partition=(i, n)) for i in range(n)]
     ordered = sorted(expanded, key=lambda t: -task_bytes(t) // t.partition[1])
     rdd = spark.sparkContext.parallelize(ordered, len(ordered))

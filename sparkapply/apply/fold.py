@@ -79,7 +79,8 @@ class Row:
 
 @dataclass(frozen=True, slots=True)
 class TxnInput:
-    """One transaction's share of a table task (picklable)."""
+    """One transaction's share of a table task (picklable), or a run of transactions
+    read as one (see :func:`coalesced`)."""
 
     ordinal: int
     xid: int
@@ -87,6 +88,33 @@ class TxnInput:
     segments: tuple[SpoolSegment, ...]
     relations: tuple[m.Relation, ...]  # cache entries as of its start
     members: int = 1  # transactions read as one (see coalesced)
+    # A run's members (``members > 1``), each as (ordinal, xid, commit LSN, offset
+    # where its records start in the run's one segment): to split it again.
+    parts: tuple[Part, ...] = ()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # A batch of 20,000 one-row transactions that cannot be coalesced is 20,000
+        # of these in a task: the dataclass default (a state dict built from
+        # fields()) pickles 4x slower, and SpoolSegment likewise.
+        segs = tuple((s.path, s.start, s.end) for s in self.segments)
+        state = (self.ordinal, self.xid, self.commit_lsn, segs, self.relations)
+        return (_txn_input, (*state, self.members, self.parts))
+
+
+Part = tuple[int, int, int, int]
+
+
+def _txn_input(
+    ordinal: int,
+    xid: int,
+    commit_lsn: int,
+    segs: tuple[tuple[str, int, int], ...],
+    relations: tuple[m.Relation, ...],
+    members: int,
+    parts: tuple[Part, ...],
+) -> TxnInput:
+    segments = tuple(SpoolSegment(p, a, b) for p, a, b in segs)
+    return TxnInput(ordinal, xid, commit_lsn, segments, relations, members, parts)
 
 
 def coalesced(txns: Sequence[TxnInput]) -> list[TxnInput]:
@@ -96,30 +124,66 @@ def coalesced(txns: Sequence[TxnInput]) -> list[TxnInput]:
     transaction (20,000 single-row updates). Joined only when the next starts where
     the previous ends and starts with the same relation cache, so the RELATION
     messages in the spool, replayed in place, give every change its layout. The
-    joined input carries the first xid: a caller that reports an error re-reads
-    uncoalesced to name the exact transaction."""
+    joined input carries the first ordinal and xid, the last commit LSN and its
+    members (``parts``); a caller that reports an error re-reads
+    :func:`uncoalesced` to name the exact transaction. Coalescing coalesced inputs
+    again gives the same runs (the driver coalesces before it ships a task: one
+    object per run crosses to the executor instead of one per transaction)."""
+    out: list[TxnInput] = []
+    run: list[TxnInput] = []
+    for t in txns:
+        if run:
+            last = run[-1]
+            if (
+                len(last.segments) == 1
+                and len(t.segments) == 1
+                and last.segments[0].path == t.segments[0].path
+                and last.segments[0].end == t.segments[0].start
+                and last.relations == t.relations
+            ):
+                run.append(t)
+                continue
+            out.append(_joined(run))
+        run = [t]
+    if run:
+        out.append(_joined(run))
+    return out
+
+
+def _parts(t: TxnInput) -> tuple[Part, ...]:
+    return t.parts or ((t.ordinal, t.xid, t.commit_lsn, t.segments[0].start),)
+
+
+def _joined(run: list[TxnInput]) -> TxnInput:
+    if len(run) == 1:
+        return run[0]
+    first, last = run[0], run[-1]
+    seg = SpoolSegment(first.segments[0].path, first.segments[0].start, last.segments[0].end)
+    parts = tuple(p for t in run for p in _parts(t))
+    return TxnInput(
+        first.ordinal,
+        first.xid,
+        max(p[2] for p in parts),
+        (seg,),
+        first.relations,
+        len(parts),
+        parts,
+    )
+
+
+def uncoalesced(txns: Sequence[TxnInput]) -> list[TxnInput]:
+    """One input per transaction again (the inverse of :func:`coalesced`)."""
     out: list[TxnInput] = []
     for t in txns:
-        prev = out[-1] if out else None
-        if (
-            prev is not None
-            and len(prev.segments) == 1
-            and len(t.segments) == 1
-            and prev.segments[0].path == t.segments[0].path
-            and prev.segments[0].end == t.segments[0].start
-            and prev.relations == t.relations
-        ):
-            seg = SpoolSegment(prev.segments[0].path, prev.segments[0].start, t.segments[0].end)
-            out[-1] = TxnInput(
-                prev.ordinal,
-                prev.xid,
-                max(prev.commit_lsn, t.commit_lsn),
-                (seg,),
-                prev.relations,
-                prev.members + t.members,
-            )
-        else:
+        if t.members == 1:
             out.append(t)
+            continue
+        seg = t.segments[0]
+        ends = [p[3] for p in t.parts[1:]] + [seg.end]
+        for (ordinal, xid, lsn, start), end in zip(t.parts, ends, strict=True):
+            out.append(
+                TxnInput(ordinal, xid, lsn, (SpoolSegment(seg.path, start, end),), t.relations)
+            )
     return out
 
 
@@ -159,7 +223,7 @@ def fold_table(
     table: str = "?",
 ) -> TableDelta:
     delta = TableDelta(keyed=keyed)
-    for txn in txns:
+    for txn in uncoalesced(txns):  # an error names its exact transaction
         try:
             _fold_txn(delta, relation_ids, txn, proto_version, streaming)
         except SparkapplyError as exc:

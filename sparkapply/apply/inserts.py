@@ -17,7 +17,7 @@ import pyarrow as pa
 from sparkapply.apply.columns import convert_columns, fit_table
 from sparkapply.apply.decode import OP_I, ChunkIndex, decode_changes, stream_decoders
 from sparkapply.apply.effect import ROWS_PER_FILE, WriteResult
-from sparkapply.apply.fold import Layout, TxnInput, coalesced
+from sparkapply.apply.fold import Layout, TxnInput, coalesced, uncoalesced
 from sparkapply.apply.writer import TableWriter
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, NotInsertOnly, SparkapplyError
@@ -61,10 +61,10 @@ def append_inserts(
     try:
         return _append(relation_ids, groups, schema, writer, proto_version, streaming)
     except SparkapplyError:
-        if len(groups) == len(txns):
+        if all(g.members == 1 for g in groups):
             raise
     # Name the exact transaction (the files written so far are orphans the driver removes).
-    return _append(relation_ids, txns, schema, writer, proto_version, streaming)
+    return _append(relation_ids, uncoalesced(txns), schema, writer, proto_version, streaming)
 
 
 def _append(

@@ -61,7 +61,7 @@ from sparkapply.apply.decode import (
     decode_changes,
     stream_decoders,
 )
-from sparkapply.apply.fold import Layout, TxnInput, coalesced
+from sparkapply.apply.fold import Layout, TxnInput, coalesced, uncoalesced
 from sparkapply.apply.keys import canonical_keys
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, SparkapplyError
@@ -128,7 +128,7 @@ def fold_keyed(
     :class:`NeedsRowFold` when only the row-wise fold can do it."""
     if any(pa.types.is_nested(schema.field(k).type) for k in key_names):
         raise NeedsRowFold("a key column is an array")
-    groups = coalesced(txns) if coalesce else list(txns)
+    groups = coalesced(txns) if coalesce else uncoalesced(txns)
     st = _Fold(schema, key_names)
     for group in groups:
         try:

@@ -12,12 +12,12 @@ decides at commit which files to use (``stager.py``).
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from sparkapply import collector
 from sparkapply.apply.fold import TxnInput
 from sparkapply.apply.inserts import append_inserts
 from sparkapply.apply.writer import TableWriter, filesystem
@@ -72,18 +72,15 @@ class StageResult:
 def run_stage_task(task: StageTask) -> StageResult:
     result = StageResult()
     started = time.perf_counter()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # as the apply tasks: many short-lived objects, no cycles
     try:
-        for table in task.tables:
-            result.tables.append(_stage_table(task, table))
+        with collector.paused():  # as the apply tasks: many short-lived objects, no cycles
+            for table in task.tables:
+                result.tables.append(_stage_table(task, table))
     except SparkapplyError as exc:
         result.error = exc.with_context(xid=task.xid)
     except Exception as exc:  # a bug must still say where
         result.error = ApplyError(f"staging failed: {type(exc).__name__}: {exc}", xid=task.xid)
     finally:
-        if gc_was_enabled:
-            gc.enable()
         result.seconds = time.perf_counter() - started
     return result
 

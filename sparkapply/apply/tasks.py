@@ -13,12 +13,12 @@ Three paths, chosen per table and batch:
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from sparkapply import collector
 from sparkapply.apply.effect import WriteResult, apply_delta, write_effect
 from sparkapply.apply.fold import TxnInput, fold_table
 from sparkapply.apply.inserts import append_inserts
@@ -80,18 +80,14 @@ class TableResult:
 def run_table_task(task: TableTask) -> TableResult:
     result = TableResult(task.table, partition=task.partition[0])
     started = time.perf_counter()
-    # The fold makes many short-lived objects and no cycles worth collecting.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
     try:
-        _run(task, result)
+        with collector.paused():  # the fold: many short-lived objects, no cycles
+            _run(task, result)
     except SparkapplyError as exc:
         result.error = exc.with_context(table=task.table)
     except Exception as exc:  # an executor bug must still name the table
         result.error = ApplyError(f"{type(exc).__name__}: {exc}", table=task.table)
     finally:
-        if gc_was_enabled:
-            gc.enable()
         result.seconds = time.perf_counter() - started
     return result
 

@@ -36,6 +36,24 @@ def dependency_graph(
     return graph
 
 
+def lanes(
+    txns: Sequence[CommittedTxn], table_of: Callable[[int], str | None]
+) -> dict[str, list[int]]:
+    """``table_lanes(dependency_graph(txns, table_of))`` in one pass, without the graph:
+    per table, the ordinals of the transactions that touch it, in commit order. (The
+    graph of 20,000 one-row transactions cost the driver about 0.3 s a batch.)"""
+    out: dict[str, list[int]] = {}
+    for ordinal, txn in enumerate(txns):
+        if len(txn.relation_ids) == 1:
+            (rid,) = txn.relation_ids
+            if (table := table_of(rid)) is not None:
+                out.setdefault(table, []).append(ordinal)
+            continue
+        for table in {t for rid in txn.relation_ids if (t := table_of(rid)) is not None}:
+            out.setdefault(table, []).append(ordinal)
+    return out
+
+
 def table_lanes(graph: nx.DiGraph) -> dict[str, list[int]]:
     """Per table, its transactions in commit order (a topological order of its chain)."""
     lanes: dict[str, list[int]] = {}

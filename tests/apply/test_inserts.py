@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkapply.apply.effect import apply_delta
-from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.fold import TxnInput, coalesced, fold_table
 from sparkapply.apply.inserts import append_inserts
 from sparkapply.apply.tasks import TableTask, run_table_task
 from sparkapply.apply.writer import TableWriter
@@ -116,3 +116,24 @@ def test_the_task_times_its_phases(tmp_path: Path) -> None:
     assert result.error is None and result.path == "insert-only"
     assert set(result.timings) == {"decode", "write"}
     assert all(0 < seconds < result.seconds for seconds in result.timings.values())
+
+
+@pytest.mark.parametrize("shipped", [False, True])
+def test_an_error_in_a_run_names_the_exact_transaction(tmp_path: Path, shipped: bool) -> None:
+    w = SpoolWriter(tmp_path / "s.spool")
+    txns = []
+    for t in range(3):
+        start = w.offset
+        good = encode(ins(t + 1, None))
+        w.append(good[:-3] if t == 1 else good, False)
+        w.flush()
+        txns.append(TxnInput(t, 10 + t, 100 + t, (w.segment(start),), (V1,)))
+    if shipped:  # the driver coalesced them
+        txns = coalesced(txns)
+        assert len(txns) == 1
+    with pytest.raises(ProtocolError) as info:
+        append_inserts(
+            frozenset({7}), txns, schema=SCHEMA, writer=TableWriter(str(tmp_path / "a"), SCHEMA)
+        )
+    assert info.value.context["xid"] == 11
+    assert info.value.context["lsn"] == 101

@@ -5,6 +5,7 @@ with merge-on-read deletes."""
 
 from __future__ import annotations
 
+import pickle
 import random
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkapply.apply.effect import apply_delta, write_effect
-from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.fold import TxnInput, coalesced, fold_table, uncoalesced
 from sparkapply.apply.keyfold import NeedsRowFold, fold_keyed
 from sparkapply.apply.writer import TableWriter
 from sparkapply.changes.spool import SpoolWriter
@@ -170,6 +171,8 @@ def test_vectorised_and_row_wise_folds_agree_with_the_model(seed: int, tmp_path:
         for k in sorted(rnd.sample(range(1, 300), 60))
     }
     txns, state, truncated = workload(seed, tmp_path, prebatch, toast)
+    if seed % 2 == 0:  # as the driver ships them: coalesced, pickled
+        txns = pickle.loads(pickle.dumps(tuple(coalesced(txns))))
     pre_path, pre_deleted = prebatch_file(tmp_path, prebatch)
     from sparkapply.sink.rowdelta import DeleteFileInfo
 
@@ -240,9 +243,12 @@ def test_pruned_files_are_not_read(tmp_path: Path) -> None:
     assert out.deletes == [] and out.added == []
 
 
-def test_an_error_in_coalesced_transactions_names_the_exact_one(tmp_path: Path) -> None:
-    """Back-to-back transactions are read as one; an error still names its own xid."""
-    from sparkapply.apply.fold import coalesced
+@pytest.mark.parametrize("shipped", [False, True])
+def test_an_error_in_coalesced_transactions_names_the_exact_one(
+    tmp_path: Path, shipped: bool
+) -> None:
+    """Back-to-back transactions are read as one; an error still names its own xid,
+    also when the driver coalesced them (every fold path)."""
     from sparkapply.errors import SparkapplyError
 
     w = SpoolWriter(tmp_path / "s.spool")
@@ -255,10 +261,45 @@ def test_an_error_in_coalesced_transactions_names_the_exact_one(tmp_path: Path) 
         w.flush()
         txns.append(TxnInput(t, 500 + t, 9000 + t, (w.segment(start),), (V1,)))
     assert len(coalesced(txns)) == 1 and coalesced(txns)[0].members == 3
+    if shipped:
+        txns = pickle.loads(pickle.dumps(coalesced(txns)))
     with pytest.raises(SparkapplyError) as info:
         fold_keyed(frozenset({7}), txns, schema=SCHEMA, key_names=("id",))
     assert info.value.context["xid"] == 501
     assert info.value.context["lsn"] == 9001
+    with pytest.raises(SparkapplyError) as info:
+        fold_table(frozenset({7}), True, txns)
+    assert info.value.context["xid"] == 501
+    assert info.value.context["lsn"] == 9001
+
+
+def test_coalescing_round_trips(tmp_path: Path) -> None:
+    """Runs split back into their transactions; coalescing is idempotent and may be
+    done in pieces; a run pickles to an equal run."""
+    rnd = random.Random(5)
+    w = SpoolWriter(tmp_path / "s.spool")
+    other = SpoolWriter(tmp_path / "t.spool")
+    txns = []
+    for t in range(200):
+        spool = other if rnd.random() < 0.1 else w
+        if rnd.random() < 0.1:
+            spool.append(b"gap", False)  # another table's transaction in between
+        start = spool.offset
+        for _ in range(rnd.randint(1, 3)):
+            spool.append(encode(m.Delete(None, 7, "K", key_tup(t, 3))), False)
+        spool.flush()
+        rels = (V2,) if rnd.random() < 0.05 else (V1,)
+        txns.append(TxnInput(t, 100 + t, 1000 + 3 * t, (spool.segment(start),), rels))
+    runs = coalesced(txns)
+    assert 1 < len(runs) < len(txns)
+    assert sum(r.members for r in runs) == len(txns)
+    assert uncoalesced(runs) == txns
+    assert coalesced(runs) == runs
+    assert coalesced([*coalesced(txns[:77]), *coalesced(txns[77:])]) == runs
+    assert pickle.loads(pickle.dumps(runs)) == runs
+    assert pickle.loads(pickle.dumps(txns)) == txns
+    for r in runs:
+        assert r.commit_lsn == max(t.commit_lsn for t in uncoalesced([r]))
 
 
 @pytest.mark.parametrize("seed", range(12))

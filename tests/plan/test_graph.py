@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.lsn import Lsn
-from sparkapply.plan.graph import components, dependency_graph, table_lanes
+from sparkapply.plan.graph import components, dependency_graph, lanes, table_lanes
 
 
 def txn(xid: int, lsn: int, *relids: int) -> CommittedTxn:
@@ -36,3 +38,13 @@ def test_chains_per_table_and_independent_components() -> None:
 def test_unknown_relations_are_ignored() -> None:
     g = dependency_graph([txn(1, 1, 99)], NAMES.get)
     assert table_lanes(g) == {}
+
+
+def test_lanes_equal_the_graph_lanes() -> None:
+    rnd = random.Random(7)
+    for _ in range(50):
+        batch = [
+            txn(100 + i, 1000 + i, *rnd.sample([1, 2, 3, 4, 99], rnd.randint(0, 3)))
+            for i in range(rnd.randint(0, 30))
+        ]
+        assert lanes(batch, NAMES.get) == table_lanes(dependency_graph(batch, NAMES.get))
