@@ -355,3 +355,15 @@ def test_a_long_chunk_is_offered_before_its_stream_stop(tmp_path: Path) -> None:
     assert len(offers) >= 3  # and no STREAM STOP yet
     ends = [int(str(c[2])) for c in offers]
     assert all(b - a >= 100 for a, b in itertools.pairwise(ends))
+
+
+def test_feed_frames_leaves_wrong_begins_and_commits_to_the_decoder(tmp_path: Path) -> None:
+    f = Feed(tmp_path)
+    begin = _frames([m.Begin(2000, 0, 1)])[0][1]
+    with pytest.raises(ProtocolError, match="still open"):
+        f.asm.feed_frames([begin, begin], XLOG_DATA_HEADER.size)
+    flagged = bytearray(_frames([m.Commit(0, 1990, 2000, 0)])[0][1])
+    flagged[XLOG_DATA_HEADER.size + 1] = 1  # COMMIT flags must be 0
+    with pytest.raises(ProtocolError, match="flags"):
+        f.asm.feed_frames([memoryview(bytes(flagged))], XLOG_DATA_HEADER.size)
+    assert f.asm.in_transaction  # the bad COMMIT ended nothing
