@@ -11,6 +11,7 @@ and no staged file is left that no snapshot references.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,6 +200,22 @@ def test_rollback_prepared_deletes_the_staged_files(staging: Mirror) -> None:
     assert not list((Path(str(m.config.work_dir)) / "prepared").glob("*.staged.json"))
 
 
+def _settle(m: Mirror, quiet: float = 2.0, limit: float = 30.0) -> None:
+    """Wait until the killed run's leftovers stop writing: its JVM and Python workers
+    outlive the killed driver by a moment, and a piece in flight may still finish its
+    file (a restart that comes sooner leaves that file to the orphan sweep)."""
+    deadline = time.monotonic() + limit
+    seen = _data_files(m)
+    still = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = _data_files(m)
+        if now != seen:
+            seen, still = now, time.monotonic()
+        elif time.monotonic() - still >= quiet:
+            return
+
+
 def test_kill_while_pieces_are_staged_then_restart(staging: Mirror, tmp_path: Path) -> None:
     m = staging
     m.sql("CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE PUBLICATION pub FOR TABLE t")
@@ -206,6 +223,7 @@ def test_kill_while_pieces_are_staged_then_restart(staging: Mirror, tmp_path: Pa
     with psycopg.connect(m.dsn) as conn:
         conn.execute("INSERT INTO t SELECT g, repeat('k', 20) FROM generate_series(1, 8000) g")
     m.run_killed("piece-staged:3", tmp_path, stage_bytes=PIECE)
+    _settle(m)
     journal = Path(str(m.config.work_dir)) / "staging"
     assert list(journal.glob("*.json")), "the kill left no journalled piece to sweep"
     left = _data_files(m)
