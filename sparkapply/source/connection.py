@@ -176,6 +176,7 @@ class ReplicationConnection:
         out = [first]
         get = self._pgconn.get_copy_data
         consumed = False
+        nbytes = 1
         try:
             while len(out) < limit:
                 nbytes, data = get(1)
@@ -188,9 +189,7 @@ class ReplicationConnection:
                 else:
                     break
         except psycopg.OperationalError as exc:
-            raise ConnectionLostError(
-                f"replication stream from {self._where} broke: {exc}"
-            ) from exc
+            raise self._broken(exc) from exc
         if nbytes == -2:
             raise self._broken()
         if nbytes == -1:
@@ -201,26 +200,21 @@ class ReplicationConnection:
         try:
             nbytes, data = self._pgconn.get_copy_data(1)
         except psycopg.OperationalError as exc:
-            raise ConnectionLostError(
-                f"replication stream from {self._where} broke: {exc}"
-            ) from exc
+            raise self._broken(exc) from exc
         if nbytes == -2:
             raise self._broken()
         return nbytes, data
 
-    def _broken(self) -> ConnectionLostError:
-        return ConnectionLostError(
-            "replication stream from "
-            f"{self._where} broke: {self._pgconn.error_message.decode(errors='replace')}"
-        )
+    def _broken(self, why: object = None) -> ConnectionLostError:
+        """The stream broke: ``why``, or else what libpq says."""
+        detail = why if why is not None else self._pgconn.error_message.decode(errors="replace")
+        return ConnectionLostError(f"replication stream from {self._where} broke: {detail}")
 
     def _consume(self) -> None:
         try:
             self._pgconn.consume_input()
         except psycopg.OperationalError as exc:
-            raise ConnectionLostError(
-                f"replication stream from {self._where} broke: {exc}"
-            ) from exc
+            raise self._broken(exc) from exc
 
     def _copy_ended(self) -> None:
         res = self._pgconn.get_result()
