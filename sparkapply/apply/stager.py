@@ -210,8 +210,6 @@ class Stager:
         self.prepared_dir = prepared_dir(work_dir)
         self._preparing: dict[int, list[Piece]] = {}  # STREAM PREPAREd, record pending
         self._prepare_lock = threading.Lock()
-        self.pieces_staged = 0
-        self.bytes_staged = 0
 
     # -- the assembler's side (receiving thread) ----------------------------------------
 
@@ -421,8 +419,6 @@ class Stager:
         sc = self.spark.sparkContext
         sc.setJobGroup(f"sparkapply-stage-{task.xid}", "stage a streamed chunk", False)
         results: list[StageResult] = sc.parallelize([task], 1).map(run_stage_task).collect()
-        self.pieces_staged += 1
-        self.bytes_staged += task.segment.nbytes
         return results[0]
 
     def _journal(self, task: StageTask) -> str:
