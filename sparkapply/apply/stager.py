@@ -281,14 +281,21 @@ class Stager:
 
     # -- two-phase ---------------------------------------------------------------------
 
+    def holds(self, xid: int) -> bool:
+        """True if ``xid`` has pieces that a STREAM PREPARE would keep."""
+        state = self._open.get(xid)
+        return state is not None and bool(state.pieces) and not state.disabled
+
     def prepared(self, xid: int, path: str) -> bool:
         """STREAM PREPARE of ``xid``: keep its pieces for COMMIT PREPARED, also across a
         restart (a record beside the prepared store's entry, written once every piece
         has finished; until then a restart sweeps them and the commit reads the spool).
-        True: pieces read the spool file ``path``; this removes it once they are done."""
-        state = self._open.pop(xid, None)
-        if state is None or not state.pieces or state.disabled:
+        True: pieces read the spool file ``path``; this removes it once they are done,
+        so the prepared store must already hold its own link or copy of it."""
+        if not self.holds(xid):
+            self._open.pop(xid, None)
             return False
+        state = self._open.pop(xid)
         with self._prepare_lock:
             self._preparing[xid] = state.pieces
         self._pool.submit(self._persist_prepared, xid, state.pieces, path)

@@ -123,6 +123,8 @@ class StreamStager(Protocol):
         self, xid: int, path: str, end: int, relations_at: Callable[[int], tuple[m.Relation, ...]]
     ) -> StagedWork | None: ...
 
+    def holds(self, xid: int) -> bool: ...
+
     def prepared(self, xid: int, path: str) -> bool: ...
 
     def commit_prepared(
@@ -557,12 +559,10 @@ class Assembler:
         is_stream = self.spool.is_stream(txn.writer)
         segment = txn.writer.segment(txn.start)
         # Its pieces wait for COMMIT PREPARED; those still running read the spool by
-        # its name, which the stager removes once they are done.
-        held = (
-            txn.streamed
-            and self.stager is not None
-            and self.stager.prepared(xid, str(txn.writer.path))
-        )
+        # its name, which the stager removes once they are done: so the prepared store
+        # links it first, and only then does the stager learn of the PREPARE.
+        held = txn.streamed and self.stager is not None and self.stager.holds(xid)
+        path = str(txn.writer.path)
         txn.writer.flush()
         if is_stream:
             txn.writer.close()
@@ -583,6 +583,8 @@ class Assembler:
             move=is_stream,
             keep_source=held,
         )
+        if txn.streamed and self.stager is not None:
+            self.stager.prepared(xid, path)
         failpoint("after-stage")
         self.progress.add(end_lsn, done=True)
 

@@ -279,6 +279,7 @@ class RecordingStager:
 
     def __init__(self, stage_bytes: int) -> None:
         self.stage_bytes = stage_bytes
+        self.holding = False
         self.calls: list[tuple[object, ...]] = []
 
     def chunk_closed(
@@ -296,9 +297,14 @@ class RecordingStager:
     def committed(self, xid: int, path: str, end: int, at: object) -> None:
         self.calls.append(("committed", xid, end))
 
+    def holds(self, xid: int) -> bool:
+        return self.holding
+
     def prepared(self, xid: int, path: str) -> bool:
         self.calls.append(("prepared", xid))
-        return False
+        if self.holding:  # as the stager does once its pieces are done
+            Path(path).unlink()
+        return self.holding
 
     def commit_prepared(self, xid: int, path: str, end: int, relations: object) -> None:
         self.calls.append(("commit_prepared", xid, end))
@@ -344,6 +350,22 @@ def test_top_abort_ddl_and_two_phase_reach_the_stager(tmp_path: Path) -> None:
     assert ("dropped", 20, True) in kinds  # a second, different RELATION: DDL inside
     assert ("prepared", 20) in kinds
     assert [c[0] for c in kinds[-2:]] == ["commit_prepared", "rolled_back"]
+
+
+def test_a_stream_prepare_is_durable_before_the_stager_may_drop_the_spool(
+    tmp_path: Path,
+) -> None:
+    # The stager removes the stream spool once its pieces are done, possibly at once:
+    # the prepared store must hold its own link by then (a CI run lost the file).
+    f, st = _staged_feed(tmp_path)
+    st.holding = True
+    f(m.StreamStart(20, True), rel(20), row(1, 20), row(2, 20), m.StreamStop())
+    f(m.StreamPrepare(0, 6000, 6010, 0, 20, "g"))
+    assert ("prepared", 20) in st.calls
+    g = Feed(tmp_path)  # a new process: spool wiped, prepared store kept
+    g(m.CommitPrepared(0, 6100, 6110, 0, 20, "g"))
+    (txn,) = g.take()
+    assert (txn.kind, g.values(txn)) == ("prepared", [1, 2])
 
 
 def test_a_long_chunk_is_offered_before_its_stream_stop(tmp_path: Path) -> None:
