@@ -9,6 +9,7 @@ server said something an operator must fix. The connection string is never logge
 from __future__ import annotations
 
 import select
+import time
 
 import psycopg
 from psycopg import pq
@@ -164,18 +165,26 @@ class ReplicationConnection:
             self._copy_ended()
         return None
 
-    def read_burst(self, timeout: float, limit: int) -> list[memoryview]:
+    def read_burst(
+        self, timeout: float, limit: int, linger: float = 0.0, linger_below: int = 0
+    ) -> list[memoryview]:
         """Every CopyData payload already received, up to ``limit``, waiting up to
         ``timeout`` s for the first; [] if none came.
 
         One call per burst, not per message: a large transaction arrives as millions of
-        messages, and each call layer costs as much as libpq's copy itself."""
+        messages, and each call layer costs as much as libpq's copy itself. A burst of
+        fewer than ``linger_below`` payloads waits ``linger`` s once and takes what came
+        meanwhile: a walsender that decodes slower than we read flushes every message
+        on its own, and without the wait each burst is a handful of messages that pays
+        a whole loop of the caller (measured: 7 per burst, 6.4 µs of CPU per message
+        on a 1,000,000-row UPDATE, against 2 on a bulk INSERT)."""
         first = self.read_copy_data(timeout)
         if first is None:
             return []
         out = [first]
         get = self._pgconn.get_copy_data
         consumed = False
+        lingered = linger <= 0
         nbytes = 1
         try:
             while len(out) < limit:
@@ -186,6 +195,10 @@ class ReplicationConnection:
                 elif nbytes == 0 and not consumed:
                     self._pgconn.consume_input()  # what the kernel already has
                     consumed = True
+                elif nbytes == 0 and not lingered and len(out) < linger_below:
+                    lingered = True
+                    time.sleep(linger)
+                    consumed = False
                 else:
                     break
         except psycopg.OperationalError as exc:

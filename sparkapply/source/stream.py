@@ -27,6 +27,11 @@ from sparkapply.source.connection import ReplicationConnection
 log = logging.getLogger(__name__)
 
 STATUS_MIN_INTERVAL = 0.2  # seconds between status updates sent because a position moved
+# A burst smaller than this waits once, this long, for more (``read_burst``): 1 ms is
+# about 100 messages of a walsender that decodes an UPDATE-heavy stream, and far less
+# than what loopback's socket buffer holds, so the walsender never waits on us.
+BURST_LINGER = 0.001
+BURST_LINGER_BELOW = 1_000
 
 
 class ReplicationStream:
@@ -67,7 +72,9 @@ class ReplicationStream:
         self._maybe_send_status()
         out: list[memoryview] = []
         size = XLOG_DATA_HEADER.size
-        for raw in self.conn.read_burst(min(timeout, 1.0), limit):
+        for raw in self.conn.read_burst(
+            min(timeout, 1.0), limit, BURST_LINGER, BURST_LINGER_BELOW
+        ):
             if len(raw) >= size and raw[0] == XLOG_DATA_TAG:
                 out.append(raw)
             else:
