@@ -1,7 +1,8 @@
 """Apply throughput: sparkapply beside PostgreSQL's own subscriber and pg_recvlogical.
 
     python bench/apply_bench.py [--workload bulk|mixed|update|scatter] [--rows 1000000]
-                                [--repeat 3] [--profile] [--profile-dir DIR]
+                                [--repeat 3] [--replica-identity default|full]
+                                [--profile] [--profile-dir DIR]
                                 [--out PATH] [--allow-dirty]
 
 Starts two bundled PostgreSQL 16 servers in a temporary directory, a publisher and a
@@ -51,6 +52,11 @@ receive and spool, planning, Spark job, Iceberg commit, tail) and its tasks' pha
 from the timings the package records (``BatchStats``, ``TableResult.timings``). The
 figures go to ``bench/results/apply_<workload>_<rows>.json`` (refused from a dirty
 tree without ``--allow-dirty``).
+
+``--replica-identity full`` sets ``REPLICA IDENTITY FULL`` on the publisher's table
+(the native subscriber still finds rows by its primary key; sparkapply, which sees
+only the identity the stream sends, takes its row-wise path for such a table); the
+figures go to ``apply_<workload>_<rows>_full.json``.
 
 ``--profile`` adds one sparkapply run after the timed ones, under cProfile (receiving
 thread on the driver, and the Spark tasks through Spark's Python profiler). See
@@ -156,13 +162,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=20_000, help="scatter: transactions")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800.0, help="per native run")
+    parser.add_argument("--replica-identity", choices=("default", "full"), default="default")
     parser.add_argument("--profile", action="store_true", help="one more run, under cProfile")
     parser.add_argument("--profile-dir", type=Path, help="write .pstats and .txt here")
     add_output_options(parser, "apply_<workload>_<rows>.json")
     args = parser.parse_args(argv)
     repeat = max(1, args.repeat)
     logging.basicConfig(level=logging.WARNING)
-    output = Output.from_args(args.out, f"apply_{args.workload}_{args.rows}.json", args.allow_dirty)
+    suffix = "_full" if args.replica_identity == "full" else ""
+    output = Output.from_args(
+        args.out, f"apply_{args.workload}_{args.rows}{suffix}.json", args.allow_dirty
+    )
 
     spark, spark_startup, spark_warmup = start_spark("sparkapply-apply-bench")
     log(f"Spark session {spark_startup:.1f}s, warm-up job {spark_warmup:.1f}s")
@@ -174,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         try:
             publish(pub.dsn(), ORDERS_DDL, ORDERS)
+            if args.replica_identity == "full":
+                with psycopg.connect(pub.dsn(), autocommit=True) as conn:
+                    conn.execute(f"ALTER TABLE {ORDERS} REPLICA IDENTITY FULL")
             with psycopg.connect(sub.dsn(), autocommit=True) as conn:
                 conn.execute(ORDERS_DDL)
             prefilled = args.rows if args.workload in PREFILLED else 0
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "apply_bench",
         "workload": args.workload,
         "rows": args.rows,
+        "replica_identity": args.replica_identity,
         "repeat": repeat,
         "machine": machine(SPARK_MASTER),
         "settings": SETTINGS,
