@@ -321,9 +321,9 @@ def _delete_full(
             hit_np = hits.to_numpy(zero_copy_only=False) & live.live & np.logical_not(drop)
             if not hit_np.any():
                 continue
-            keys = canon.to_pylist()
-            for i in np.flatnonzero(hit_np).tolist():
-                k = keys[i]
+            hit_rows = np.flatnonzero(hit_np)
+            keys = canon.take(pa.array(hit_rows)).to_pylist()  # the hits only: files are big
+            for i, k in zip(hit_rows.tolist(), keys, strict=True):
                 if remaining.get(k, 0) > 0:
                     remaining[k] -= 1
                     if remaining[k] == 0:

@@ -196,8 +196,11 @@ class TableDelta:
     # Pre-batch keys whose rows must be removed (deleted, moved or replaced), with the
     # layout their text was read with (key types can change mid-batch).
     remove_keys: dict[Key, Layout] = field(default_factory=dict)
-    # full mode: rows to add and pre-batch rows to remove (by full image)
-    inserts: list[Row] = field(default_factory=list)
+    # full mode: rows to add (None: cancelled by a later UPDATE or DELETE) and pre-batch
+    # rows to remove (by full image); ``pending`` finds an in-batch row by its image,
+    # so that each UPDATE or DELETE costs O(1), not a scan of the batch's inserts.
+    inserts: list[Row | None] = field(default_factory=list)
+    pending: dict[tuple[Layout, tuple[Value, ...]], list[int]] = field(default_factory=dict)
     removes: Counter[tuple[Layout, Key]] = field(default_factory=Counter)
     n_changes: int = 0
     only_inserts: bool = True
@@ -206,7 +209,12 @@ class TableDelta:
     def upserts(self) -> list[Row]:
         if self.keyed:
             return [r for r in self.rows.values() if r is not None]
-        return self.inserts
+        return [r for r in self.inserts if r is not None]
+
+    def add_row(self, row: Row) -> None:
+        """Full mode: an in-batch row."""
+        self.pending.setdefault((row.layout, tuple(row.values)), []).append(len(self.inserts))
+        self.inserts.append(row)
 
 
 def _values(t: m.TupleData) -> list[Value]:
@@ -266,6 +274,7 @@ def _fold_txn(
                 delta.rows.clear()
                 delta.remove_keys.clear()
                 delta.inserts.clear()
+                delta.pending.clear()
                 delta.removes.clear()
             continue
         if tag not in (TAG_I, TAG_U, TAG_D):
@@ -344,17 +353,17 @@ def _full_image(layout: Layout, values: Sequence[Value]) -> tuple[Layout, Key]:
 
 
 def _remove_one(delta: TableDelta, layout: Layout, old: Sequence[Value]) -> None:
-    image = tuple(old)
-    for i, row in enumerate(delta.inserts):
-        if row.layout == layout and tuple(row.values) == image:
-            del delta.inserts[i]
-            return
+    # Equal rows are indistinguishable: cancelling any in-batch one is the same.
+    slots = delta.pending.get((layout, tuple(old)))
+    if slots:
+        delta.inserts[slots.pop()] = None
+        return
     delta.removes[_full_image(layout, old)] += 1
 
 
 def _apply_full(delta: TableDelta, layout: Layout, msg: m.Message) -> None:
     if isinstance(msg, m.Insert):
-        delta.inserts.append(Row(layout, _values(msg.new)))
+        delta.add_row(Row(layout, _values(msg.new)))
         return
     delta.only_inserts = False
     if isinstance(msg, m.Update):
@@ -365,6 +374,6 @@ def _apply_full(delta: TableDelta, layout: Layout, msg: m.Message) -> None:
                 if isinstance(v, _Unchanged):
                     new_values[i] = old_values[i]
             _remove_one(delta, layout, old_values)
-        delta.inserts.append(Row(layout, new_values))
+        delta.add_row(Row(layout, new_values))
     elif isinstance(msg, m.Delete):
         _remove_one(delta, layout, _values(msg.old))
