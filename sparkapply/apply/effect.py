@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from sparkapply.apply.columns import convert_column, fit_table
 from sparkapply.apply.fold import Key, Layout, Row, TableDelta, _Unchanged
+from sparkapply.apply.fullfold import FullEffect, layout_columns
 from sparkapply.apply.keyfold import NetEffect
 from sparkapply.apply.keys import canonical_keys
 from sparkapply.apply.locate import key_matcher, key_pruner, live_rows, locate_keys
@@ -208,8 +209,16 @@ def apply_delta(
     table, unchanged = rows_to_arrow(upserts, schema)
     if delta.keyed and not delta.truncated and not delta.only_inserts:
         table = _delete_keyed(
-            delta, upserts, table, unchanged, schema, key_names, data_files, delete_files,
-            writer, result,
+            delta,
+            upserts,
+            table,
+            unchanged,
+            schema,
+            key_names,
+            data_files,
+            delete_files,
+            writer,
+            result,
         )
     if not delta.keyed and not delta.truncated and delta.removes:
         _delete_full(delta, schema, data_files, delete_files, writer, result)
@@ -303,10 +312,23 @@ def _delete_full(
     for layout, items in by_layout.items():
         images = [Row(layout, list(image)) for image, _ in items]
         tbl, _ = rows_to_arrow(images, schema)
-        names = [n for n in layout.names if schema.get_field_index(n) >= 0]
+        names = layout_columns(layout, schema)
         canon = canonical_keys([tbl.column(n) for n in names]).to_pylist()
         for c, (_, count) in zip(canon, items, strict=True):
             wanted[layout][c] = wanted[layout].get(c, 0) + count
+    delete_images(wanted, schema, data_files, delete_files, writer, result)
+
+
+def delete_images(
+    wanted: dict[Layout, dict[bytes, int]],
+    schema: pa.Schema,
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    writer: TableWriter,
+    result: WriteResult,
+) -> None:
+    """Position deletes for ``count`` live rows equal to each canonical image (over
+    :func:`layout_columns`); ``wanted`` is used up."""
     positions: dict[str, np.ndarray] = {}
     for live in live_rows(data_files, delete_files, schema.names):
         if not any(wanted.values()):
@@ -315,7 +337,7 @@ def _delete_full(
         for layout, remaining in wanted.items():
             if not remaining:
                 continue
-            names = [n for n in layout.names if schema.get_field_index(n) >= 0]
+            names = layout_columns(layout, schema)
             canon = canonical_keys([live.table.column(n) for n in names])
             hits = pc.is_in(canon, value_set=pa.array(list(remaining), pa.binary()))
             hit_np = hits.to_numpy(zero_copy_only=False) & live.live & np.logical_not(drop)
@@ -332,3 +354,19 @@ def _delete_full(
         if drop.any():
             positions[live.file.path] = np.flatnonzero(drop)
     _write_positions(positions, writer, result)
+
+
+def write_full_effect(
+    effect: FullEffect,
+    *,
+    schema: pa.Schema,
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    writer: TableWriter,
+) -> WriteResult:
+    """Files for the vectorised REPLICA IDENTITY FULL fold's net effect."""
+    result = WriteResult()
+    if not effect.truncated and effect.removes:
+        delete_images(effect.removes, schema, data_files, delete_files, writer, result)
+    write_rows(effect.upserts, writer, result)
+    return result

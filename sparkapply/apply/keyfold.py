@@ -94,8 +94,8 @@ class NetEffect:
 
 
 @dataclass(slots=True)
-class _Part:
-    """One decoded run, converted: its rows' typed keys and (lazily) its new rows."""
+class FoldPart:
+    """One decoded run of change records of one relation layout."""
 
     run: ChangeRun
     layout: Layout
@@ -103,13 +103,43 @@ class _Part:
 
 
 @dataclass(slots=True)
-class _Fold:
+class FoldInput:
+    """A table's change runs of a batch, decoded, in commit order (after the last
+    TRUNCATE, if any)."""
+
     schema: pa.Schema
-    key_names: tuple[str, ...]
-    parts: list[_Part] = field(default_factory=list)
+    key_names: tuple[str, ...] | None  # None: any layout (REPLICA IDENTITY FULL)
+    parts: list[FoldPart] = field(default_factory=list)
     seq: int = 0
     truncated: bool = False
     counts: dict[int, int] = field(default_factory=lambda: {OP_I: 0, OP_U: 0, OP_D: 0})
+
+
+def collect(
+    relation_ids: frozenset[int],
+    txns: Sequence[TxnInput],
+    *,
+    schema: pa.Schema,
+    key_names: tuple[str, ...] | None,
+    proto_version: int = 4,
+    streaming: str = "parallel",
+    table: str = "?",
+) -> FoldInput:
+    """Decode the table's changes of ``txns``. Raises :class:`NeedsRowFold` if a
+    layout's key columns are not ``key_names``; an error names its exact transaction."""
+    groups = coalesced(txns)
+    while True:
+        st = FoldInput(schema, key_names)
+        for group in groups:
+            try:
+                _txn(st, relation_ids, group, proto_version, streaming)
+            except SparkapplyError as exc:
+                if group.members > 1:  # decode again, one transaction at a time
+                    break
+                raise exc.with_context(xid=group.xid, lsn=group.commit_lsn, table=table) from None
+        else:
+            return st
+        groups = uncoalesced(txns)
 
 
 def fold_keyed(
@@ -121,39 +151,28 @@ def fold_keyed(
     proto_version: int = 4,
     streaming: str = "parallel",
     table: str = "?",
-    coalesce: bool = True,
     partition: tuple[int, int] = (0, 1),
 ) -> NetEffect:
     """Fold the table's changes of ``txns`` (commit order). Raises
     :class:`NeedsRowFold` when only the row-wise fold can do it."""
     if any(pa.types.is_nested(schema.field(k).type) for k in key_names):
         raise NeedsRowFold("a key column is an array")
-    groups = coalesced(txns) if coalesce else uncoalesced(txns)
-    st = _Fold(schema, key_names)
-    for group in groups:
-        try:
-            _txn(st, relation_ids, group, proto_version, streaming)
-        except SparkapplyError as exc:
-            if group.members > 1:  # name the exact transaction
-                return fold_keyed(
-                    relation_ids,
-                    txns,
-                    coalesce=False,
-                    partition=partition,
-                    schema=schema,
-                    key_names=key_names,
-                    proto_version=proto_version,
-                    streaming=streaming,
-                    table=table,
-                )
-            raise exc.with_context(xid=group.xid, lsn=group.commit_lsn, table=table) from None
+    st = collect(
+        relation_ids,
+        txns,
+        schema=schema,
+        key_names=key_names,
+        proto_version=proto_version,
+        streaming=streaming,
+        table=table,
+    )
     effect = _net(st, partition)
     effect.last_commit_lsn = max(t.commit_lsn for t in txns) if txns else 0
     return effect
 
 
 def _txn(
-    st: _Fold, relation_ids: frozenset[int], txn: TxnInput, proto_version: int, streaming: str
+    st: FoldInput, relation_ids: frozenset[int], txn: TxnInput, proto_version: int, streaming: str
 ) -> None:
     layouts = {r.relation_id: Layout.of(r) for r in txn.relations}
     decoders = stream_decoders(proto_version, streaming)
@@ -178,18 +197,19 @@ def _txn(
                         raise ApplyError(
                             f"change for relation id {rid} before its RELATION message"
                         )
-                    if tuple(layout.names[i] for i in layout.key_idx) != st.key_names:
+                    keys = tuple(layout.names[i] for i in layout.key_idx)
+                    if st.key_names is not None and keys != st.key_names:
                         raise NeedsRowFold("the key columns differ between relation versions")
                     run = decode_changes(
                         ix.b, ix.starts[sel], ix.ends[sel], ix.in_stream[sel], rid, layout.names
                     )
                     for op in st.counts:
                         st.counts[op] += int(np.count_nonzero(run.ops == op))
-                    st.parts.append(_Part(run, layout, st.seq))
+                    st.parts.append(FoldPart(run, layout, st.seq))
                     st.seq += len(sel)
 
 
-def _typed_keys(part: _Part, schema: pa.Schema, old: bool) -> list[pa.Array]:
+def _typed_keys(part: FoldPart, schema: pa.Schema, old: bool) -> list[pa.Array]:
     tuples = part.run.old if old else part.run.new
     layout = part.layout
     cols = convert_columns(
@@ -198,7 +218,7 @@ def _typed_keys(part: _Part, schema: pa.Schema, old: bool) -> list[pa.Array]:
     return [cols[layout.names[i]] for i in layout.key_idx]
 
 
-def _net(st: _Fold, partition: tuple[int, int] = (0, 1)) -> NetEffect:
+def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
     effect = NetEffect(
         st.schema.empty_table(),
         [],
@@ -210,6 +230,7 @@ def _net(st: _Fold, partition: tuple[int, int] = (0, 1)) -> NetEffect:
     if not st.parts:
         return effect
     # Events: (key columns..., number, put?, first-is-insert?, part, row)
+    assert st.key_names is not None
     key_cols: list[list[pa.Array]] = [[] for _ in st.key_names]
     numbers, puts, inserts, part_ix, row_ix = [], [], [], [], []
     moves: list[tuple[int, np.ndarray]] = []  # (part, rows) of key-changing updates
@@ -335,7 +356,7 @@ def _unchanged_rows(run: ChangeRun) -> np.ndarray:
 
 
 def _unchanged_sources(
-    st: _Fold,
+    st: FoldInput,
     first: np.ndarray,
     put_all: np.ndarray,
     part_all: np.ndarray,
@@ -372,9 +393,9 @@ def _unchanged_sources(
         has_value = put_all & ~unchanged
         nearest = np.maximum.accumulate(np.where(has_value, events, -1))
         in_group = nearest >= group_start
-        src = np.where(
-            unchanged, np.where(in_group, glob[np.maximum(nearest, 0)], -1), -2
-        ).astype(np.int64)
+        src = np.where(unchanged, np.where(in_group, glob[np.maximum(nearest, 0)], -1), -2).astype(
+            np.int64
+        )
         out[name] = (src, pa.concat_arrays(values))
     return out
 
@@ -402,7 +423,7 @@ def key_hash(keys: Sequence[pa.Array]) -> np.ndarray:
 def _own_events(
     events: pa.Table,
     names: list[str],
-    st: _Fold,
+    st: FoldInput,
     moves: list[tuple[int, np.ndarray]],
     partition: tuple[int, int],
 ) -> np.ndarray:

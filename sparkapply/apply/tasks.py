@@ -3,12 +3,15 @@
 The task description and the result are small and picklable; errors come back as
 values (our errors pickle with their context) instead of Java stack traces.
 
-Three paths, chosen per table and batch:
+Four paths, chosen per table and batch:
 - insert-only (the driver saw no UPDATE, DELETE or TRUNCATE): column-wise append;
 - keyed: the vectorised fold (``keyfold.py``), then position deletes for the rows it
   replaces (``effect.py``);
-- the row-wise fold (``fold.py``) for REPLICA IDENTITY FULL tables and for batches
-  that send unchanged TOAST values, with the same merge-on-read output.
+- full: the vectorised multiset fold of a REPLICA IDENTITY FULL table
+  (``fullfold.py``), then position deletes for the live rows equal to removed images;
+- the row-wise fold (``fold.py``) for what the vectorised folds leave to it (a key
+  change with unchanged TOAST values, key columns that change mid-batch), with the
+  same merge-on-read output.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from sparkapply import collector
-from sparkapply.apply.effect import WriteResult, apply_delta, write_effect
+from sparkapply.apply.effect import WriteResult, apply_delta, write_effect, write_full_effect
 from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.fullfold import fold_full
 from sparkapply.apply.inserts import append_inserts
 from sparkapply.apply.keyfold import NeedsRowFold, fold_keyed
 from sparkapply.apply.writer import TableWriter
@@ -157,6 +161,38 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
                 result.n_deletes = effect.n_deletes
             result.truncated = effect.truncated
             result.path = "keyed"
+            return
+    if not task.keyed:
+        try:
+            full = fold_full(
+                task.relation_ids,
+                task.txns,
+                schema=task.schema,
+                proto_version=task.proto_version,
+                streaming=task.streaming,
+                table=task.table,
+            )
+        except NeedsRowFold:
+            pass
+        else:
+            folded = time.perf_counter()
+            timings["fold"] = folded - started
+            result.take(
+                write_full_effect(
+                    full,
+                    schema=task.schema,
+                    data_files=task.data_files,
+                    delete_files=task.delete_files,
+                    writer=writer,
+                )
+            )
+            timings["locate"] = time.perf_counter() - folded - writer.seconds
+            result.n_changes = full.n_changes
+            result.n_inserts = full.n_inserts
+            result.n_updates = full.n_updates
+            result.n_deletes = full.n_deletes
+            result.truncated = full.truncated
+            result.path = "full"
             return
     delta = fold_table(
         task.relation_ids,

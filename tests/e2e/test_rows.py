@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from sparkapply.apply.batch import BatchStats
 from tests.mirror import Mirror
 
 pytestmark = pytest.mark.integration
@@ -52,8 +53,10 @@ def test_replica_identity_full_with_duplicates(mirror: Mirror) -> None:
         "BEGIN; INSERT INTO ev VALUES ('d', 4, 'in batch'), ('d', 4, 'in batch');"
         " DELETE FROM ev WHERE ctid = (SELECT min(ctid) FROM ev WHERE kind = 'd'); COMMIT",
     )
-    mirror.run()
+    batches: list[BatchStats] = []
+    mirror.run(on_batch=batches.append)
     mirror.assert_mirrored("public.ev")
+    assert {r.path for b in batches for r in b.results} == {"full"}  # the vectorised fold
 
 
 def test_truncate_with_dml_and_multi_table(mirror: Mirror) -> None:

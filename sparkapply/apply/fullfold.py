@@ -1,0 +1,248 @@
+"""The vectorised fold of a REPLICA IDENTITY FULL table's changes: rows are a multiset.
+
+Runs on an executor, for a table without a key: every change carries whole row images
+(pgoutput marks every column as part of the identity), and equal rows are
+indistinguishable. It gives the same result as the row-wise fold in ``fold.py``
+(the tests run both on the same inputs, and both against a model).
+
+EVENTS
+    Every change becomes events on a row *image* (the relation layout and the raw
+    text of every column, NULL distinct from any text), numbered in commit order: an
+    INSERT or UPDATE *puts* its new image (an UPDATE's unchanged TOAST columns take
+    the old image's value, which FULL always sends); an UPDATE or DELETE *removes*
+    its old image.
+
+NET EFFECT PER IMAGE
+    Walked in order, a remove cancels one pending in-batch put of the same image if
+    there is one, else it deletes one live pre-batch row equal to the image. With
+    ``S`` the running sum of puts (+1) and removes (-1), the pre-batch rows deleted
+    are ``max(0, -min S)`` (each new minimum is a remove that found nothing pending)
+    and the rows written are ``S_end`` plus that: computed for all images at once
+    over the events sorted by (image, number), no Python loop over rows.
+
+    TRUNCATE empties the table at its position: only the events after the last one
+    count (``collect`` drops the others), and no pre-batch row needs deleting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkapply.apply.columns import convert_columns, fit_table
+from sparkapply.apply.decode import KIND_UNCHANGED, OP_D, OP_I, OP_U
+from sparkapply.apply.fold import Layout, TxnInput
+from sparkapply.apply.keyfold import FoldInput, FoldPart, NeedsRowFold, collect
+from sparkapply.apply.keys import canonical_keys
+
+
+@dataclass(slots=True)
+class FullEffect:
+    """What a batch does to a REPLICA IDENTITY FULL table (typed, in its schema)."""
+
+    upserts: pa.Table  # the rows to write
+    # Pre-batch rows to delete: per layout, canonical images (over the layout's columns
+    # the table has) and how many live rows equal to each must go.
+    removes: dict[Layout, dict[bytes, int]] = field(default_factory=dict)
+    truncated: bool = False
+    n_inserts: int = 0
+    n_updates: int = 0
+    n_deletes: int = 0
+    last_commit_lsn: int = 0
+
+    @property
+    def n_changes(self) -> int:
+        return self.n_inserts + self.n_updates + self.n_deletes
+
+
+def fold_full(
+    relation_ids: frozenset[int],
+    txns: Sequence[TxnInput],
+    *,
+    schema: pa.Schema,
+    proto_version: int = 4,
+    streaming: str = "parallel",
+    table: str = "?",
+) -> FullEffect:
+    """Fold the table's changes of ``txns`` (commit order). Raises
+    :class:`NeedsRowFold` when only the row-wise fold can do it."""
+    st = collect(
+        relation_ids,
+        txns,
+        schema=schema,
+        key_names=None,
+        proto_version=proto_version,
+        streaming=streaming,
+        table=table,
+    )
+    effect = _net(st)
+    effect.last_commit_lsn = max(t.commit_lsn for t in txns) if txns else 0
+    return effect
+
+
+def layout_columns(layout: Layout, schema: pa.Schema) -> list[str]:
+    """The columns an image of ``layout`` is compared on: those the table has."""
+    return [n for n in layout.names if schema.get_field_index(n) >= 0]
+
+
+def _filled_new(part: FoldPart) -> list[pa.Array]:
+    """The new image's raw columns, unchanged TOAST values taken from the old image."""
+    run = part.run
+    out = []
+    for kind, new, old in zip(run.new.kinds, run.new.values, run.old.values, strict=True):
+        unchanged = kind == KIND_UNCHANGED
+        if not unchanged.any():
+            out.append(new)
+            continue
+        if not bool(np.all(run.has_old[unchanged])):
+            raise NeedsRowFold("an unchanged TOAST value without the old image")
+        out.append(pc.if_else(pa.array(unchanged), old, new))
+    return out
+
+
+def _net(st: FoldInput) -> FullEffect:
+    effect = FullEffect(
+        st.schema.empty_table(),
+        truncated=st.truncated,
+        n_inserts=st.counts[OP_I],
+        n_updates=st.counts[OP_U],
+        n_deletes=st.counts[OP_D],
+    )
+    if not st.parts:
+        return effect
+    if len({p.layout for p in st.parts}) > 1:
+        # Images of different relation versions: the row-wise fold compares them as
+        # it always has (a column added mid-batch is rare on a FULL table).
+        raise NeedsRowFold("the relation changed within the batch")
+    layouts: dict[Layout, int] = {}
+    width = max(len(p.layout.names) for p in st.parts)
+    cols: list[list[pa.Array]] = [[] for _ in range(width)]
+    layout_ix, numbers, deltas, part_ix, row_ix, old_side = [], [], [], [], [], []
+    filled: list[list[pa.Array]] = []
+    for p_i, part in enumerate(st.parts):
+        run = part.run
+        ops = run.ops
+        if bool(np.any((ops == OP_U) & ~run.has_old)):
+            raise NeedsRowFold("an UPDATE without the old image")
+        new_values = _filled_new(part)
+        filled.append(new_values)
+        seq = (part.base + np.arange(len(ops), dtype=np.int64)) * 2
+        lid = layouts.setdefault(part.layout, len(layouts))
+        # A remove (old image) comes before the put (new image) of the same UPDATE.
+        removes = np.flatnonzero(run.has_old)
+        puts = np.flatnonzero(ops != OP_D)
+        for rows, values, sign in ((removes, run.old.values, -1), (puts, new_values, 1)):
+            if len(rows) == 0:
+                continue
+            idx = pa.array(rows)
+            for c in range(width):
+                if c < len(values):
+                    cols[c].append(values[c].take(idx))
+                else:
+                    cols[c].append(pa.nulls(len(rows), pa.large_binary()))
+            layout_ix.append(np.full(len(rows), lid, np.int32))
+            numbers.append(seq[rows] + (0 if sign < 0 else 1))
+            deltas.append(np.full(len(rows), sign, np.int64))
+            part_ix.append(np.full(len(rows), p_i, np.int32))
+            row_ix.append(rows)
+            old_side.append(np.full(len(rows), sign < 0))
+    names = [f"c{c}" for c in range(width)]
+    events = pa.table(
+        {
+            "layout": np.concatenate(layout_ix),
+            **{n: pa.concat_arrays(c) for n, c in zip(names, cols, strict=True)},
+            "n": np.concatenate(numbers),
+        }
+    )
+    order = pc.sort_indices(
+        events, [("layout", "ascending"), *((n, "ascending") for n in names), ("n", "ascending")]
+    ).to_numpy()
+    total = len(order)
+    starts = np.zeros(total, bool)
+    starts[0] = True
+    if total > 1:
+        sorted_events = events.take(pa.array(order))
+        for name in ("layout", *names):
+            col = sorted_events.column(name)
+            a, b = col.slice(1), col.slice(0, total - 1)
+            ne = pc.fill_null(pc.not_equal(a, b), False)
+            one_null = pc.xor(pc.is_null(a), pc.is_null(b))
+            starts[1:] |= (pc.or_(ne, one_null)).to_numpy(zero_copy_only=False)
+    group = np.cumsum(starts) - 1
+    first = np.flatnonzero(starts)
+    delta = np.concatenate(deltas)[order]
+    running = np.cumsum(delta)
+    before = (running - delta)[first]  # the running sum before each image's first event
+    within = running - before[group]
+    lowest = np.minimum.reduceat(within, first)
+    from_pre = np.maximum(0, -lowest)  # pre-batch rows each image deletes
+    last = np.append(first[1:], total) - 1
+    written = within[last] + from_pre  # in-batch rows of each image that stay
+
+    # Rows to write: the last ``written`` puts of each image (equal rows: any will do).
+    is_put = delta > 0
+    puts_so_far = np.cumsum(is_put)
+    puts_before = (puts_so_far - is_put)[first]
+    puts_total = puts_so_far[last] - puts_before
+    rank_from_end = puts_total[group] - (puts_so_far - puts_before[group])
+    keep = is_put & (rank_from_end < written[group])
+
+    part_all = np.concatenate(part_ix)[order]
+    row_all = np.concatenate(row_ix)[order]
+    pieces = []
+    for p_i, part in enumerate(st.parts):
+        sel = keep & (part_all == p_i)
+        if not sel.any():
+            continue
+        rows = np.sort(row_all[sel])
+        idx = pa.array(rows)
+        raw = {name: filled[p_i][i].take(idx) for i, name in enumerate(part.layout.names)}
+        converted = convert_columns(part.layout, raw, st.schema)
+        pieces.append(fit_table(converted, len(rows), st.schema))
+    if pieces:
+        effect.upserts = pa.concat_tables(pieces)
+    if not st.truncated and from_pre.any():
+        effect.removes = _removed_images(
+            st, filled, first, from_pre, order, part_ix, row_ix, old_side
+        )
+    return effect
+
+
+def _removed_images(
+    st: FoldInput,
+    filled: list[list[pa.Array]],
+    first: np.ndarray,
+    from_pre: np.ndarray,
+    order: np.ndarray,
+    part_ix: list[np.ndarray],
+    row_ix: list[np.ndarray],
+    old_side: list[np.ndarray],
+) -> dict[Layout, dict[bytes, int]]:
+    """Typed canonical images of the pre-batch rows to delete, with their counts."""
+    groups = np.flatnonzero(from_pre)
+    at = order[first[groups]]  # an event of each such image (all are equal)
+    parts = np.concatenate(part_ix)[at]
+    rows = np.concatenate(row_ix)[at]
+    old = np.concatenate(old_side)[at]
+    counts = from_pre[groups]
+    out: dict[Layout, dict[bytes, int]] = {}
+    for p_i in np.unique(parts).tolist():
+        part = st.parts[p_i]
+        sel = parts == p_i
+        idx = pa.array(rows[sel])
+        is_old = pa.array(old[sel])
+        raw = {}
+        for i, name in enumerate(part.layout.names):
+            o = part.run.old.values[i].take(idx)
+            n = filled[p_i][i].take(idx)
+            raw[name] = pc.if_else(is_old, o, n)
+        typed = convert_columns(part.layout, raw, st.schema)
+        canon = canonical_keys([typed[n] for n in layout_columns(part.layout, st.schema)])
+        wanted = out.setdefault(part.layout, {})
+        for key, count in zip(canon.to_pylist(), counts[sel].tolist(), strict=True):
+            wanted[key] = wanted.get(key, 0) + count
+    return out
