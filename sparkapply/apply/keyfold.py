@@ -402,7 +402,21 @@ def _unchanged_sources(
 
 def key_hash(keys: Sequence[pa.Array]) -> np.ndarray:
     """A deterministic hash of each row's key (same value, same hash, in any process):
-    a polynomial over the bytes of its canonical encoding."""
+    for one integer column without nulls (the usual key), a mix of the value's bits;
+    otherwise a polynomial over the bytes of its canonical encoding."""
+    if len(keys) == 1 and pa.types.is_integer(keys[0].type) and keys[0].null_count == 0:
+        col = keys[0]
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        x = col.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64)
+        # splitmix64's finalizer: 1,000,000 keys in milliseconds, not in half a second
+        x = x ^ (x >> np.uint64(30))
+        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x = x ^ (x >> np.uint64(27))
+        x = x * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+        mixed: np.ndarray = (x >> np.uint64(1)).astype(np.int64)
+        return mixed
     canon = canonical_keys(keys)
     if isinstance(canon, pa.ChunkedArray):
         canon = canon.combine_chunks()

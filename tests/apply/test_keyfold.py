@@ -353,3 +353,10 @@ def test_key_hash_is_deterministic_and_spreads() -> None:
     assert counts.min() > 2000, counts
     strings = key_hash([pa.array(["", "a", "b", "ab", "ba"], pa.string())])
     assert len(set(strings.tolist())) == 5
+    # Integer keys take the bit-mixing path: chunked or not, any width, never negative.
+    chunked = pa.chunked_array([keys.slice(0, 3_000), keys.slice(3_000)])
+    assert (key_hash([chunked]) % 4 == a).all()
+    assert (key_hash([keys.cast(pa.int32())]) % 4 == a).all()
+    assert (key_hash([pa.array([-(2**63), -1, 0, 2**63 - 1], pa.int64())]) >= 0).all()
+    # ... and with a null, the canonical path.
+    assert len(key_hash([pa.array([1, None, 2], pa.int64())])) == 3
