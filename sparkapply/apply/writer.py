@@ -88,7 +88,8 @@ class TableWriter:
         counts = [len(a) for a in pos_arrays]
         table = pa.Table.from_arrays(
             [
-                pa.array(np.repeat(np.array(paths, dtype=object), counts), pa.string()),
+                # take, not an array of Python strings: a batch can delete a million rows
+                pa.array(paths, pa.string()).take(np.repeat(np.arange(len(paths)), counts)),
                 pa.array(np.concatenate(pos_arrays), pa.int64()),
             ],
             schema=POSITION_DELETE_SCHEMA,
