@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from sparkapply.apply.columns import convert_column, fit_table
 from sparkapply.apply.fold import Key, Layout, Row, TableDelta, _Unchanged
-from sparkapply.apply.fullfold import FullEffect, layout_columns
+from sparkapply.apply.fullfold import FullEffect, RemovedImages, layout_columns, removed_images
 from sparkapply.apply.keyfold import NetEffect
 from sparkapply.apply.keys import canonical_keys
 from sparkapply.apply.locate import key_matcher, key_pruner, live_rows, locate_keys
@@ -305,47 +305,52 @@ def _delete_full(
 ) -> None:
     """REPLICA IDENTITY FULL: delete exactly ``count`` live rows equal to each removed
     image (duplicates are a multiset)."""
-    wanted: dict[Layout, dict[bytes, int]] = defaultdict(dict)
+    wanted: dict[Layout, RemovedImages] = {}
     by_layout: dict[Layout, list[tuple[Key, int]]] = defaultdict(list)
     for (layout, image), count in delta.removes.items():
         by_layout[layout].append((image, count))
     for layout, items in by_layout.items():
-        images = [Row(layout, list(image)) for image, _ in items]
-        tbl, _ = rows_to_arrow(images, schema)
-        names = layout_columns(layout, schema)
-        canon = canonical_keys([tbl.column(n) for n in names]).to_pylist()
-        for c, (_, count) in zip(canon, items, strict=True):
-            wanted[layout][c] = wanted[layout].get(c, 0) + count
+        tbl, _ = rows_to_arrow([Row(layout, list(image)) for image, _ in items], schema)
+        typed = {n: tbl.column(n) for n in layout_columns(layout, schema)}
+        wanted[layout] = removed_images(layout, typed, [count for _, count in items], schema)
     delete_images(wanted, schema, data_files, delete_files, writer, result)
 
 
 def delete_images(
-    wanted: dict[Layout, dict[bytes, int]],
+    wanted: dict[Layout, RemovedImages],
     schema: pa.Schema,
     data_files: Sequence[DataFileInfo],
     delete_files: Sequence[DeleteFileInfo],
     writer: TableWriter,
     result: WriteResult,
 ) -> None:
-    """Position deletes for ``count`` live rows equal to each canonical image (over
-    :func:`layout_columns`); ``wanted`` is used up."""
+    """Position deletes for ``count`` live rows equal to each image (canonical, over
+    :func:`layout_columns`); the counts in ``wanted`` are used up."""
     positions: dict[str, np.ndarray] = {}
     for live in live_rows(data_files, delete_files, schema.names):
-        if not any(wanted.values()):
+        if not any(images.counts for images in wanted.values()):
             break
         drop = np.zeros(live.table.num_rows, dtype=np.bool_)
-        for layout, remaining in wanted.items():
+        for layout, images in wanted.items():
+            remaining = images.counts
             if not remaining:
                 continue
+            candidates = live.live & np.logical_not(drop)
+            near = _near(live.table, images.probe)
+            if near is not None:
+                candidates &= near
+            rows = np.flatnonzero(candidates)
+            if not len(rows):
+                continue
+            sub = live.table.take(pa.array(rows))  # the candidates only: files are big
             names = layout_columns(layout, schema)
-            canon = canonical_keys([live.table.column(n) for n in names])
+            canon = canonical_keys([sub.column(n) for n in names])
             hits = pc.is_in(canon, value_set=pa.array(list(remaining), pa.binary()))
-            hit_np = hits.to_numpy(zero_copy_only=False) & live.live & np.logical_not(drop)
+            hit_np = hits.to_numpy(zero_copy_only=False)
             if not hit_np.any():
                 continue
-            hit_rows = np.flatnonzero(hit_np)
-            keys = canon.take(pa.array(hit_rows)).to_pylist()  # the hits only: files are big
-            for i, k in zip(hit_rows.tolist(), keys, strict=True):
+            keys = canon.filter(pa.array(hit_np)).to_pylist()
+            for i, k in zip(rows[hit_np].tolist(), keys, strict=True):
                 if remaining.get(k, 0) > 0:
                     remaining[k] -= 1
                     if remaining[k] == 0:
@@ -354,6 +359,23 @@ def delete_images(
         if drop.any():
             positions[live.file.path] = np.flatnonzero(drop)
     _write_positions(positions, writer, result)
+
+
+def _near(table: pa.Table, probe: tuple[str, pa.Array] | None) -> np.ndarray | None:
+    """Rows whose probe column holds one of the images' values (None: all may match)."""
+    if probe is None:
+        return None
+    name, values = probe
+    if name not in table.column_names:
+        return None
+    col = table.column(name)
+    try:
+        if col.type != values.type:  # a file written before a widening
+            col = col.cast(values.type)
+        near: np.ndarray = pc.is_in(col, value_set=values).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    return near
 
 
 def write_full_effect(

@@ -26,7 +26,7 @@ NET EFFECT PER IMAGE
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,13 +41,67 @@ from sparkapply.apply.keys import canonical_keys
 
 
 @dataclass(slots=True)
+class RemovedImages:
+    """Pre-batch rows to delete, of one relation layout."""
+
+    counts: dict[bytes, int]  # canonical image (over layout_columns) → rows to delete
+    # A column and the images' values in it: a live row whose value is not among them
+    # cannot match, so only the others are encoded (a FULL table has no key to prune by).
+    probe: tuple[str, pa.Array] | None = None
+
+    def add(self, other: RemovedImages) -> None:
+        for key, count in other.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + count
+        if self.probe is not None and other.probe is not None:
+            name, values = self.probe
+            self.probe = (name, pa.concat_arrays([values, other.probe[1]]))
+
+
+def _probe_type(t: pa.DataType) -> bool:
+    """Types whose ``is_in`` equality is exactly the canonical encoding's (not floats:
+    NaN payloads and signed zeros)."""
+    return bool(
+        pa.types.is_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_date(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_time(t)
+    )
+
+
+def removed_images(
+    layout: Layout,
+    typed: Mapping[str, pa.Array | pa.ChunkedArray],
+    counts: Sequence[int],
+    schema: pa.Schema,
+) -> RemovedImages:
+    """The images (typed columns of ``layout``, one row per image) with their counts."""
+    names = layout_columns(layout, schema)
+    canon = canonical_keys([typed[n] for n in names]).to_pylist()
+    out = RemovedImages({})
+    for key, count in zip(canon, counts, strict=True):
+        out.counts[key] = out.counts.get(key, 0) + count
+    for name in names:
+        if _probe_type(schema.field(name).type):
+            values = typed[name]
+            if isinstance(values, pa.ChunkedArray):
+                values = values.combine_chunks()
+            out.probe = (name, values)
+            break
+    return out
+
+
+@dataclass(slots=True)
 class FullEffect:
     """What a batch does to a REPLICA IDENTITY FULL table (typed, in its schema)."""
 
     upserts: pa.Table  # the rows to write
-    # Pre-batch rows to delete: per layout, canonical images (over the layout's columns
-    # the table has) and how many live rows equal to each must go.
-    removes: dict[Layout, dict[bytes, int]] = field(default_factory=dict)
+    # Pre-batch rows to delete, per layout: how many live rows equal to each image go.
+    removes: dict[Layout, RemovedImages] = field(default_factory=dict)
     truncated: bool = False
     n_inserts: int = 0
     n_updates: int = 0
@@ -221,15 +275,15 @@ def _removed_images(
     part_ix: list[np.ndarray],
     row_ix: list[np.ndarray],
     old_side: list[np.ndarray],
-) -> dict[Layout, dict[bytes, int]]:
-    """Typed canonical images of the pre-batch rows to delete, with their counts."""
+) -> dict[Layout, RemovedImages]:
+    """The images of the pre-batch rows to delete, with their counts."""
     groups = np.flatnonzero(from_pre)
     at = order[first[groups]]  # an event of each such image (all are equal)
     parts = np.concatenate(part_ix)[at]
     rows = np.concatenate(row_ix)[at]
     old = np.concatenate(old_side)[at]
     counts = from_pre[groups]
-    out: dict[Layout, dict[bytes, int]] = {}
+    out: dict[Layout, RemovedImages] = {}
     for p_i in np.unique(parts).tolist():
         part = st.parts[p_i]
         sel = parts == p_i
@@ -241,8 +295,9 @@ def _removed_images(
             n = filled[p_i][i].take(idx)
             raw[name] = pc.if_else(is_old, o, n)
         typed = convert_columns(part.layout, raw, st.schema)
-        canon = canonical_keys([typed[n] for n in layout_columns(part.layout, st.schema)])
-        wanted = out.setdefault(part.layout, {})
-        for key, count in zip(canon.to_pylist(), counts[sel].tolist(), strict=True):
-            wanted[key] = wanted.get(key, 0) + count
+        images = removed_images(part.layout, typed, counts[sel].tolist(), st.schema)
+        if part.layout in out:
+            out[part.layout].add(images)
+        else:
+            out[part.layout] = images
     return out

@@ -33,20 +33,24 @@ REL = m.Relation(
     (m.RelationColumn(1, "a", 23, -1), m.RelationColumn(1, "b", 25, -1)),
 )
 SCHEMA = pa.schema([pa.field("a", pa.int32()), pa.field("b", pa.large_string())])
-Image = tuple[int, str | None]
+Image = tuple[int | None, str | None]
 
 
 def tup(row: Image, unchanged_b: bool = False) -> m.TupleData:
     a, b = row
+    kinds = b"n" if a is None else b"t"
+    first = None if a is None else str(a).encode()
     if unchanged_b:  # unchanged TOAST: the old image has the value
-        return m.TupleData(b"tu", (str(a).encode(), m.UNCHANGED))
+        return m.TupleData(kinds + b"u", (first, m.UNCHANGED))
     if b is None:
-        return m.TupleData(b"tn", (str(a).encode(), None))
-    return m.TupleData(b"tt", (str(a).encode(), b.encode()))
+        return m.TupleData(kinds + b"n", (first, None))
+    return m.TupleData(kinds + b"t", (first, b.encode()))
 
 
 def random_row(rnd: random.Random) -> Image:
-    return rnd.randint(0, 3), rnd.choice(["x", "y", None])  # few values: many duplicates
+    # Few values, so many duplicates; NULLs in both columns (the first is the one live
+    # rows are probed by before their images are compared).
+    return rnd.choice([0, 1, 2, 3, None]), rnd.choice(["x", "y", None])
 
 
 def workload(
