@@ -32,6 +32,17 @@ STATUS_MIN_INTERVAL = 0.2  # seconds between status updates sent because a posit
 # than what loopback's socket buffer holds, so the walsender never waits on us.
 BURST_LINGER = 0.001
 BURST_LINGER_BELOW = 1_000
+# While data flows, a read starts no sooner than this after the previous one began.
+# A walsender sends every message on its own (TCP_NODELAY), and a reader that keeps
+# the socket empty makes each of those sends a whole TCP segment: on a 1,000,000-row
+# UPDATE, 800,000 segments, and the walsender spent 5.6 s of its 7.5 s in the kernel,
+# most of it in sendto. Reading every 20 ms lets the socket fill, so its sends queue
+# behind a closed window and leave in large segments: about 100,000 segments, the
+# walsender's kernel time 2.9 s, and the stream arrives in 5 s instead of 7.5 s.
+# PostgreSQL's own apply worker gets this for free by being slower than its
+# walsender. The cost is at most 20 ms of latency while a backlog drains; an idle
+# stream is still read the moment something arrives.
+BURST_PACE = 0.02
 
 
 class ReplicationStream:
@@ -44,6 +55,7 @@ class ReplicationStream:
         self._last_status = 0.0
         self._reported = Lsn(0)
         self._reported_write = Lsn(0)
+        self._next_read = 0.0  # monotonic time before which a read waits (BURST_PACE)
 
     @property
     def flush_lsn(self) -> Lsn:
@@ -67,14 +79,20 @@ class ReplicationStream:
         The per-message cost is what bounds a large transaction's receive rate, so an
         XLogData frame costs a tag check and an append: only the last frame's
         ``wal_end`` is read (positions only grow), and status bookkeeping is done once
-        per burst.
+        per burst. While data flows, reads are paced (:data:`BURST_PACE`); a burst
+        that reached ``limit`` is followed at once.
         """
         self._maybe_send_status()
+        timeout = min(timeout, 1.0)
+        wait = self._next_read - time.monotonic()
+        if wait > 0:
+            time.sleep(min(wait, timeout))
+        began = time.monotonic()
+        raws = self.conn.read_burst(timeout, limit, BURST_LINGER, BURST_LINGER_BELOW)
+        self._next_read = began + BURST_PACE if 0 < len(raws) < limit else 0.0
         out: list[memoryview] = []
         size = XLOG_DATA_HEADER.size
-        for raw in self.conn.read_burst(
-            min(timeout, 1.0), limit, BURST_LINGER, BURST_LINGER_BELOW
-        ):
+        for raw in raws:
             if len(raw) >= size and raw[0] == XLOG_DATA_TAG:
                 out.append(raw)
             else:

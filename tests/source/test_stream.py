@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import psycopg
 
 from sparkapply.lsn import Lsn
+from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.decoder import Decoder
 from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
 from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import (
@@ -14,7 +17,7 @@ from sparkapply.source.negotiation import (
     create_slot_command,
     start_replication_command,
 )
-from sparkapply.source.stream import BURST_LINGER_BELOW, ReplicationStream
+from sparkapply.source.stream import BURST_LINGER_BELOW, BURST_PACE, ReplicationStream
 
 TXNS = 400
 
@@ -54,3 +57,57 @@ def test_a_trickle_of_small_transactions_arrives_whole_and_in_order(pg_dsn: str)
     assert stream.last_received >= max(positions)
     assert max(bursts) <= 20_000 and sum(bursts) == len(tags)
     assert min(bursts) < BURST_LINGER_BELOW  # the lingering path was taken
+
+
+def test_reads_of_a_flowing_stream_are_paced_and_lose_nothing(pg_dsn: str) -> None:
+    # One 20,000-row transaction: data keeps flowing, so each read that took a burst
+    # (short of the limit) is followed by the next no sooner than BURST_PACE after it
+    # began; the socket fills meanwhile. Every row still arrives once and in order.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE paced (id int PRIMARY KEY, pad text)")
+        conn.execute("CREATE PUBLICATION paced_pub FOR TABLE paced")
+    with ReplicationConnection(pg_dsn) as rc:
+        rc.execute(create_slot_command("paced_slot", two_phase=False))
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO paced SELECT g, repeat('x', 100) FROM generate_series(1, 20000) g"
+            )
+        stream = ReplicationStream(rc)
+        stream.start(
+            start_replication_command(
+                "paced_slot", Lsn(0), ["paced_pub"], Protocol(4, "parallel", False)
+            ),
+            Lsn(0),
+        )
+        limit = 5_000
+        reads: list[tuple[float, int]] = []  # (when a read began, the frames it took)
+        real_read = rc.read_burst
+
+        def timed_read(
+            timeout: float, limit: int, linger: float = 0.0, linger_below: int = 0
+        ) -> list[memoryview]:
+            began = time.monotonic()
+            got = real_read(timeout, limit, linger, linger_below)
+            reads.append((began, len(got)))
+            return got
+
+        rc.read_burst = timed_read  # type: ignore[method-assign]
+        decoder = Decoder(proto_version=4, streaming="parallel")
+        ids: list[int] = []
+        committed = False
+        deadline = time.monotonic() + 60
+        while not committed and time.monotonic() < deadline:
+            for frame in stream.poll_burst(0.2, limit):
+                msg = decoder.decode(frame[XLOG_DATA_HEADER.size :])
+                if isinstance(msg, m.Insert):
+                    key = msg.new.values[0]
+                    assert isinstance(key, bytes)
+                    ids.append(int(key))
+                committed = committed or isinstance(msg, m.Commit | m.StreamCommit)
+    assert committed
+    assert ids == list(range(1, 20_001))
+    paced = [
+        later - earlier for (earlier, n), (later, _) in itertools.pairwise(reads) if 0 < n < limit
+    ]
+    assert paced, "no burst was followed by another read"
+    assert min(paced) >= BURST_PACE
