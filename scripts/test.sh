@@ -5,5 +5,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/bootstrap.sh
 . .venv/bin/activate
 ruff check sparkapply tests bench
+ruff format --check sparkapply tests bench
 mypy
 python -m pytest "$@"

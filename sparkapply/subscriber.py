@@ -449,4 +449,3 @@ def _locate(exc: SparkapplyError, batch: Batch) -> SparkapplyError:
         )
         exc.hint = f"{exc.hint}; {skip}" if exc.hint else skip
     return exc
-

@@ -436,9 +436,7 @@ def _check_paths(added: Sequence[str], removed: Sequence[str]) -> None:
     if len(set(removed)) != len(removed):
         raise SinkArgumentError("removed data files must be unique")
     if both := set(added) & set(removed):
-        raise SinkArgumentError(
-            f"a data file cannot be both added and removed: {sorted(both)[0]}"
-        )
+        raise SinkArgumentError(f"a data file cannot be both added and removed: {sorted(both)[0]}")
 
 
 def _as_table_uri(path: str, table: Table) -> str:

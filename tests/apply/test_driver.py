@@ -46,10 +46,25 @@ def test_only_big_keyed_mutating_batches_are_split() -> None:
 def test_partition_results_merge_into_one_commit() -> None:
     d = DeleteFileInfo("/d/x-deletes.parquet", 2, 10, "/d/a", "/d/a", 0, 1)
     parts = [
-        TableResult("public.t", added=["/d/1"], rows_written=3, n_changes=9, partition=1,
-                    timings={"fold": 1.0, "write": 0.5}),
-        TableResult("public.t", added=["/d/0"], deletes=[d], rows_written=2, rows_removed=2,
-                    n_changes=9, last_commit_lsn=7, partition=0, timings={"fold": 2.0}),
+        TableResult(
+            "public.t",
+            added=["/d/1"],
+            rows_written=3,
+            n_changes=9,
+            partition=1,
+            timings={"fold": 1.0, "write": 0.5},
+        ),
+        TableResult(
+            "public.t",
+            added=["/d/0"],
+            deletes=[d],
+            rows_written=2,
+            rows_removed=2,
+            n_changes=9,
+            last_commit_lsn=7,
+            partition=0,
+            timings={"fold": 2.0},
+        ),
         TableResult("public.u", added=["/d/u"], rows_written=1, n_changes=1),
     ]
     merged = {r.table: r for r in merge_results(parts)}

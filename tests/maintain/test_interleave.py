@@ -27,9 +27,7 @@ def test_compaction_between_apply_batches(mirror: Mirror, spark: Any) -> None:
         "INSERT INTO a SELECT g, 'v' || g, g FROM generate_series(1, 500) g",
     )
     # Only this test's maintainer runs (the run loop's own is the random e2e's subject).
-    mirror.config = dataclasses.replace(
-        mirror.config, maintenance=MaintenanceConfig(enabled=False)
-    )
+    mirror.config = dataclasses.replace(mirror.config, maintenance=MaintenanceConfig(enabled=False))
     mirror.run()
     maintainer = Maintainer(
         MaintenanceConfig(
