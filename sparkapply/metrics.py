@@ -25,7 +25,7 @@ from sparkapply.workdir import pending_prepared, spool_bytes
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from sparkapply.applier import BatchStats
+    from sparkapply.apply.batch import BatchStats
     from sparkapply.changes.transaction import CommittedTxn
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from sparkapply import collector
 from sparkapply.apply.driver import run_tasks
 from sparkapply.apply.fold import TxnInput
-from sparkapply.apply.tasks import TableResult, TableTask
+from sparkapply.apply.tasks import Identity, TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.convert.schema import iceberg_schema_for, relation_identifier
 from sparkapply.errors import SparkapplyError
@@ -137,6 +137,70 @@ def _full_identity(rel: m.Relation) -> m.Relation:
     return m.Relation(rel.xid, rel.relation_id, rel.namespace, rel.name, rel.replica_identity, cols)
 
 
+IdentityOf = tuple[bool, tuple[str, ...]]  # (REPLICA IDENTITY FULL, key column names)
+
+
+def identity_of(rel: m.Relation) -> IdentityOf:
+    """How a relation version's changes name their rows: by key columns, by whole
+    image (FULL), or not at all (no identity: insert-only)."""
+    if rel.replica_identity == "f":
+        return True, ()
+    return False, tuple(c.name for c in rel.columns if c.is_key)
+
+
+def identity_epochs(batch: Sequence[CommittedTxn]) -> list[Sequence[CommittedTxn]]:
+    """``batch`` cut before every transaction that brings a new replica identity for
+    a relation an earlier transaction of the same part used, so that within a part
+    every table's changes name their rows one way (PostgreSQL's subscriber, too,
+    applies each change by the identity of the relation version it came with).
+
+    A transaction that changes the identity while it writes to the table (DDL
+    between its changes) is the fold's to detect (see ``fold.py``)."""
+    parts: list[Sequence[CommittedTxn]] = []
+    start = 0
+    seen: dict[int, IdentityOf] = {}
+    for i, txn in enumerate(batch):
+        start_of = {rid: identity_of(r) for rid, r in txn.relations.items()}
+        inside = [(r.relation_id, identity_of(r)) for r in txn.relation_messages]
+        changed = any(
+            rid in seen and seen[rid] != ident for rid, ident in [*start_of.items(), *inside]
+        )
+        if changed and i > start:
+            parts.append(batch[start:i])
+            start = i
+            seen = {}
+        for rid, ident in [*start_of.items(), *inside]:
+            seen[rid] = ident
+    parts.append(batch[start:])
+    return parts
+
+
+def _identity_kind(identities: set[IdentityOf]) -> Identity:
+    """How the task names a table's rows, from the identities of its versions."""
+    if len(identities) > 1:
+        return "mixed"
+    ((full, key),) = identities
+    return "full" if full else "key" if key else "none"
+
+
+def _merged(a: BatchStats, b: BatchStats) -> BatchStats:
+    return BatchStats(
+        transactions=a.transactions + b.transactions,
+        changes=a.changes + b.changes,
+        tables=a.tables + b.tables,
+        rows_written=a.rows_written + b.rows_written,
+        rows_removed=a.rows_removed + b.rows_removed,
+        skipped=a.skipped + b.skipped,
+        plan_seconds=a.plan_seconds + b.plan_seconds,
+        job_seconds=a.job_seconds + b.job_seconds,
+        commit_seconds=a.commit_seconds + b.commit_seconds,
+        started=a.started,
+        finished=b.finished,
+        staged_rows=a.staged_rows + b.staged_rows,
+        results=[*a.results, *b.results],
+    )
+
+
 class Applier:
     def __init__(
         self,
@@ -185,8 +249,15 @@ class Applier:
         self._applied.pop(ident, None)
 
     def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
+        """Apply ``batch``; where a table's replica identity changes within it, the
+        parts before and after the change are applied one after another (see
+        :func:`identity_epochs`), each committed, and acknowledged together."""
         with collector.paused():
-            return self._apply(batch)
+            parts = identity_epochs(batch)
+            stats = self._apply(parts[0])
+            for part in parts[1:]:
+                stats = _merged(stats, self._apply(part))
+            return stats
 
     def _apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
         stats = BatchStats(transactions=len(batch), started=time.monotonic())
@@ -233,6 +304,7 @@ class Applier:
             )
             latest = _full_identity(rels[-1][0])
             key_names = tuple(c.name for c in latest.columns if c.is_key)
+            identity = _identity_kind({identity_of(r) for r, _ in rels})
             data_files: list[DataFileInfo] = []
             delete_files: list[DeleteFileInfo] = []
             if not insert_only:
@@ -254,8 +326,9 @@ class Applier:
                 TableTask(
                     table=name,
                     relation_ids=relids,
-                    keyed=bool(key_names),
+                    keyed=identity == "key",
                     key_names=key_names,
+                    identity=identity,
                     txns=txns,
                     schema=arrow_schema_of(table),
                     data_files=tuple(data_files),

@@ -28,7 +28,7 @@ from sparkapply.apply.columns import convert_column, fit_table
 from sparkapply.apply.fold import Key, Layout, Row, TableDelta, _Unchanged
 from sparkapply.apply.fullfold import FullEffect, RemovedImages, layout_columns, removed_images
 from sparkapply.apply.keyfold import NetEffect
-from sparkapply.apply.keys import canonical_keys
+from sparkapply.apply.keys import canonical_keys, comparable
 from sparkapply.apply.locate import key_matcher, key_pruner, live_rows, locate_keys
 from sparkapply.apply.writer import TableWriter
 from sparkapply.convert.types import PgColumnType
@@ -98,7 +98,7 @@ def _fill_from_table(
     for mask in effect.fills.values():
         need |= mask
     rows = np.flatnonzero(need)
-    keys = [upserts.column(k).take(pa.array(rows)).combine_chunks() for k in key_names]
+    keys = [comparable(upserts.column(k).take(pa.array(rows))) for k in key_names]
     columns = [c for c in effect.fills if c in upserts.column_names]
     match = key_matcher(keys, key_names)
     found = []
@@ -111,9 +111,16 @@ def _fill_from_table(
     else:
         prior = upserts.select([*key_names, *columns]).slice(0, 0)
     k = [f"__k{i}" for i in range(len(key_names))]
-    picked = {n: upserts.column(c).take(pa.array(rows)) for n, c in zip(k, key_names, strict=True)}
-    left = pa.table({**picked, "__row": pa.array(rows)})
-    right = prior.rename_columns([*k, *(f"__v_{c}" for c in columns)])
+    left = pa.table({**dict(zip(k, keys, strict=True)), "__row": pa.array(rows)})
+    right = pa.table(
+        {
+            **{
+                n: comparable(prior.column(c)).cast(key.type)
+                for n, c, key in zip(k, key_names, keys, strict=True)
+            },
+            **{f"__v_{c}": prior.column(c) for c in columns},
+        }
+    )
     joined = left.join(right, keys=k, join_type="left outer")
     at = {int(r): i for i, r in enumerate(joined.column("__row").to_pylist())}
     for name in columns:
@@ -191,7 +198,7 @@ def typed_keys(keys: Sequence[Key], layouts: Sequence[Layout], schema: pa.Schema
             if len(columns) <= j:
                 columns.append([])
             columns[j].append(arr)
-    return [pa.concat_arrays(parts) for parts in columns]
+    return [comparable(pa.concat_arrays(parts)) for parts in columns]
 
 
 def apply_delta(
@@ -207,7 +214,12 @@ def apply_delta(
     result = WriteResult()
     upserts = delta.upserts()
     table, unchanged = rows_to_arrow(upserts, schema)
-    if delta.keyed and not delta.truncated and not delta.only_inserts:
+    if delta.mixed:
+        if not delta.truncated:
+            table = _delete_mixed(
+                delta, upserts, table, unchanged, schema, data_files, delete_files, writer, result
+            )
+    elif delta.keyed and not delta.truncated and not delta.only_inserts:
         table = _delete_keyed(
             delta,
             upserts,
@@ -248,6 +260,39 @@ def _delete_keyed(
             table, upserts, unchanged, schema, key_names, data_files, delete_files, remove, keys
         )
     _write_positions(positions, writer, result)
+    return table
+
+
+def _delete_mixed(
+    delta: TableDelta,
+    upserts: Sequence[Row],
+    table: pa.Table,
+    unchanged: dict[str, list[int]],
+    schema: pa.Schema,
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    writer: TableWriter,
+    result: WriteResult,
+) -> pa.Table:
+    """Mixed identities (fold.py): pre-batch rows removed by key, one group of key
+    columns at a time (unchanged TOAST values filled from the rows of that group),
+    then by image."""
+    for names, removed in delta.remove_by.items():
+        remove = list(removed)
+        keys = typed_keys(remove, [removed[k] for k in remove], schema)
+        positions = locate_keys(keys, names, data_files, delete_files)
+        mine = {
+            c: [i for i in idxs if upserts[i].source_names == names]
+            for c, idxs in unchanged.items()
+        }
+        mine = {c: idxs for c, idxs in mine.items() if idxs}
+        if mine:
+            table = _fill_unchanged(
+                table, upserts, mine, schema, names, data_files, delete_files, remove, keys
+            )
+        _write_positions(positions, writer, result)
+    if delta.removes:
+        _delete_full(delta, schema, data_files, delete_files, writer, result)
     return table
 
 

@@ -20,6 +20,16 @@ ROW SEMANTICS
     TRUNCATE empties the table at its position: everything before it is forgotten and
     every pre-batch row goes.
 
+    MIXED IDENTITIES: a transaction that changes the table's replica identity between
+    two of its changes (a migration that writes, moves the key, writes again) sends
+    changes of both identities in one batch. Each change is applied by the identity
+    of the relation version it came with, as PostgreSQL's subscriber does: in-batch
+    rows are one list, found by image (FULL) or by the key columns of the change
+    (an index per key built when first asked for); pre-batch rows are removed by key,
+    grouped by key columns, or by image. A table without an identity receives only
+    inserts (the publisher refuses its updates and deletes); an UPDATE or DELETE for
+    one stops the apply naming the transaction.
+
     Rows carry the relation layout (column names) they were decoded with, so a column
     added or dropped mid-transaction maps by name into the table's current schema.
 """
@@ -28,7 +38,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparkapply.apply.decode import stream_decoders
 from sparkapply.changes.spool import SpoolSegment, read_records
@@ -59,6 +69,7 @@ class Layout:
     type_oids: tuple[int, ...]
     type_modifiers: tuple[int, ...]
     key_idx: tuple[int, ...]
+    full: bool = False  # REPLICA IDENTITY FULL: every column flagged, rows by image
 
     @classmethod
     def of(cls, rel: m.Relation) -> Layout:
@@ -67,7 +78,14 @@ class Layout:
             tuple(c.type_oid for c in rel.columns),
             tuple(c.type_modifier for c in rel.columns),
             tuple(i for i, c in enumerate(rel.columns) if c.is_key),
+            rel.replica_identity == "f",
         )
+
+    @property
+    def key_names(self) -> tuple[str, ...]:
+        """The key columns a change of this version names its row by; () for FULL
+        and for no identity."""
+        return () if self.full else tuple(self.names[i] for i in self.key_idx)
 
 
 @dataclass(slots=True)
@@ -75,6 +93,7 @@ class Row:
     layout: Layout
     values: list[Value]
     source_key: Key | None = None  # pre-batch key to fill UNCHANGED values from
+    source_names: tuple[str, ...] = ()  # its key columns (mixed identities only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +209,7 @@ def uncoalesced(txns: Sequence[TxnInput]) -> list[TxnInput]:
 @dataclass(slots=True)
 class TableDelta:
     keyed: bool
+    mixed: bool = False  # changes of several identities (see MIXED IDENTITIES)
     truncated: bool = False
     # keyed mode
     rows: dict[Key, Row | None] = field(default_factory=dict)  # None = deleted
@@ -202,19 +222,52 @@ class TableDelta:
     inserts: list[Row | None] = field(default_factory=list)
     pending: dict[tuple[Layout, tuple[Value, ...]], list[int]] = field(default_factory=dict)
     removes: Counter[tuple[Layout, Key]] = field(default_factory=Counter)
+    # mixed mode: in-batch rows by key (per key columns), pre-batch keys to remove
+    by_key: dict[tuple[str, ...], dict[Key, int]] = field(default_factory=dict)
+    remove_by: dict[tuple[str, ...], dict[Key, Layout]] = field(default_factory=dict)
     n_changes: int = 0
     only_inserts: bool = True
     last_commit_lsn: int = 0
 
     def upserts(self) -> list[Row]:
-        if self.keyed:
+        if self.keyed and not self.mixed:
             return [r for r in self.rows.values() if r is not None]
         return [r for r in self.inserts if r is not None]
 
     def add_row(self, row: Row) -> None:
-        """Full mode: an in-batch row."""
-        self.pending.setdefault((row.layout, tuple(row.values)), []).append(len(self.inserts))
+        """Full and mixed mode: an in-batch row."""
+        slot = len(self.inserts)
+        self.pending.setdefault(_image(row.layout, row.values), []).append(slot)
         self.inserts.append(row)
+        for names, index in self.by_key.items():
+            key = _key_by_names(row, names)
+            if key is not None:
+                index[key] = slot
+
+    def slot_of(self, names: tuple[str, ...], key: Key) -> int | None:
+        """Mixed mode: the live in-batch row whose ``names`` columns hold ``key``."""
+        index = self.by_key.get(names)
+        if index is None:
+            index = self.by_key[names] = {}
+            for slot, row in enumerate(self.inserts):
+                row_key = None if row is None else _key_by_names(row, names)
+                if row_key is not None:
+                    index[row_key] = slot
+        found = index.get(key)
+        return found if found is not None and self.inserts[found] is not None else None
+
+
+def _image(layout: Layout, values: Sequence[Value]) -> tuple[Layout, tuple[Value, ...]]:
+    """A row image as FULL compares it: the values by column name, whatever the
+    identity flags of the version that sent it."""
+    return replace(layout, key_idx=(), full=False), tuple(values)
+
+
+def _key_by_names(row: Row, names: tuple[str, ...]) -> Key | None:
+    at = row.layout.names
+    if not all(n in at for n in names):
+        return None
+    return tuple(row.values[at.index(n)] for n in names)  # type: ignore[misc]
 
 
 def _values(t: m.TupleData) -> list[Value]:
@@ -229,8 +282,9 @@ def fold_table(
     proto_version: int = 4,
     streaming: str = "parallel",
     table: str = "?",
+    mixed: bool = False,
 ) -> TableDelta:
-    delta = TableDelta(keyed=keyed)
+    delta = TableDelta(keyed=keyed, mixed=mixed)
     for txn in uncoalesced(txns):  # an error names its exact transaction
         try:
             _fold_txn(delta, relation_ids, txn, proto_version, streaming)
@@ -289,7 +343,16 @@ def _fold_txn(
             raise ApplyError(f"change for relation id {relid} before its RELATION message")
         msg = dec.decode(payload)
         delta.n_changes += 1
-        if delta.keyed:
+        if not layout.full and not layout.key_idx and not isinstance(msg, m.Insert):
+            raise ApplyError(
+                f"{type(msg).__name__.upper()} for a table without replica identity "
+                "(the publisher should have refused it)",
+                hint="give the table a primary key or REPLICA IDENTITY FULL on the "
+                "publisher, then resync it: sparkapply resync --table <table>",
+            )
+        if delta.mixed:
+            _apply_mixed(delta, layout, msg)
+        elif delta.keyed:
             _apply_keyed(delta, layout, msg)
         else:
             _apply_full(delta, layout, msg)
@@ -354,10 +417,12 @@ def _full_image(layout: Layout, values: Sequence[Value]) -> tuple[Layout, Key]:
 
 def _remove_one(delta: TableDelta, layout: Layout, old: Sequence[Value]) -> None:
     # Equal rows are indistinguishable: cancelling any in-batch one is the same.
-    slots = delta.pending.get((layout, tuple(old)))
-    if slots:
-        delta.inserts[slots.pop()] = None
-        return
+    slots = delta.pending.get(_image(layout, old))
+    while slots:
+        slot = slots.pop()
+        if delta.inserts[slot] is not None:  # (mixed mode may have cancelled it by key)
+            delta.inserts[slot] = None
+            return
     delta.removes[_full_image(layout, old)] += 1
 
 
@@ -377,3 +442,43 @@ def _apply_full(delta: TableDelta, layout: Layout, msg: m.Message) -> None:
         delta.add_row(Row(layout, new_values))
     elif isinstance(msg, m.Delete):
         _remove_one(delta, layout, _values(msg.old))
+
+
+def _apply_mixed(delta: TableDelta, layout: Layout, msg: m.Message) -> None:
+    """One change by the identity of its own relation version (MIXED IDENTITIES)."""
+    if layout.full or isinstance(msg, m.Insert):
+        _apply_full(delta, layout, msg)
+        return
+    delta.only_inserts = False
+    names = layout.key_names
+    if isinstance(msg, m.Delete):
+        _take_by_key(delta, names, _key(layout, _values(msg.old)), layout)
+        return
+    assert isinstance(msg, m.Update)
+    new_values = _values(msg.new)
+    new_key = _key(layout, new_values)
+    old_key = _key(layout, _values(msg.old)) if msg.old is not None else new_key
+    prev = _take_by_key(delta, names, old_key, layout)
+    row = Row(layout, new_values)
+    if any(isinstance(v, _Unchanged) for v in new_values):
+        if prev is not None:
+            by_name = dict(zip(prev.layout.names, prev.values, strict=True))
+            for i, v in enumerate(new_values):
+                if isinstance(v, _Unchanged):
+                    new_values[i] = by_name.get(layout.names[i])
+            row.source_key, row.source_names = prev.source_key, prev.source_names
+        else:
+            row.source_key, row.source_names = old_key, names
+    delta.add_row(row)
+
+
+def _take_by_key(delta: TableDelta, names: tuple[str, ...], key: Key, layout: Layout) -> Row | None:
+    """Cancel the in-batch row with ``key`` and return it; without one, the
+    pre-batch row with that key is to be removed."""
+    slot = delta.slot_of(names, key)
+    if slot is None:
+        delta.remove_by.setdefault(names, {}).setdefault(key, layout)
+        return None
+    row = delta.inserts[slot]
+    delta.inserts[slot] = None
+    return row

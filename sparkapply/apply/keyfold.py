@@ -62,7 +62,7 @@ from sparkapply.apply.decode import (
     stream_decoders,
 )
 from sparkapply.apply.fold import Layout, TxnInput, coalesced, uncoalesced
-from sparkapply.apply.keys import canonical_keys
+from sparkapply.apply.keys import canonical_keys, comparable
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
@@ -215,7 +215,7 @@ def _typed_keys(part: FoldPart, schema: pa.Schema, old: bool) -> list[pa.Array]:
     cols = convert_columns(
         layout, {layout.names[i]: tuples.values[i] for i in layout.key_idx}, schema
     )
-    return [cols[layout.names[i]] for i in layout.key_idx]
+    return [comparable(cols[layout.names[i]]) for i in layout.key_idx]
 
 
 def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:

@@ -1,8 +1,13 @@
-"""Canonical row keys: typed Arrow columns → one comparable binary value per row.
+"""Row keys: typed Arrow key columns made comparable, and one binary value per row.
 
 The fold keys rows by PostgreSQL text; the table holds typed values. Both sides are
-brought to typed Arrow first and then through this one function, so equal values get
+brought to typed Arrow first and then through these functions, so equal values get
 equal keys whatever their text spelling.
+
+Arrow's compute kernels (sort, equality, ``is_in``, joins) have no kernels for
+extension types such as ``arrow.uuid``; :func:`comparable` gives every key column as
+its storage (a uuid is its 16 big-endian bytes, which sort as uuids do), so each key
+type PostgreSQL allows in a primary key sorts, compares and joins the same way.
 """
 
 from __future__ import annotations
@@ -16,11 +21,20 @@ _SEP = b"\x1f"
 _NULL = b"\x00"
 
 
+def comparable(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``arr`` as one array that Arrow can sort, compare and join on (see above)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if isinstance(arr.type, pa.BaseExtensionType):
+        return arr.storage
+    return arr
+
+
 def _as_binary(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     t = arr.type
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         arr = arr.storage
         t = arr.type
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):

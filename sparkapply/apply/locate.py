@@ -11,14 +11,16 @@ key may still sit in an older file, deleted). What it returns is small: position
 from __future__ import annotations
 
 import bisect
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.keys import canonical_keys
+from sparkapply.apply.keys import canonical_keys, comparable
 from sparkapply.apply.writer import read_parquet
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo
@@ -31,14 +33,20 @@ def _all(_: DataFileInfo) -> bool:
 
 
 def key_pruner(keys: Sequence[pa.Array]) -> Prune:
-    """Whether a file's key bounds may hold one of ``keys`` (single integer or
-    string key columns; anything else is never pruned)."""
+    """Whether a file's key bounds may hold one of ``keys`` (a single key column of
+    any type Iceberg keeps bounds for; a composite key is never pruned).
+
+    Bounds are the manifest's values as pyiceberg decodes them (see
+    :func:`bound_value`); a string or binary bound may be truncated, which only
+    widens the range, so a file is never skipped wrongly."""
     if len(keys) != 1 or len(keys[0]) == 0:
         return _all
     col = keys[0]
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     t = col.type
+    if isinstance(t, pa.BaseExtensionType):
+        t = t.storage_type
     if pa.types.is_integer(t):
         ints = np.sort(col.to_numpy(zero_copy_only=False).astype(np.int64))
 
@@ -49,17 +57,52 @@ def key_pruner(keys: Sequence[pa.Array]) -> Prune:
             return i < len(ints) and int(ints[i]) <= f.key_upper
 
         return prune_int
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        strs = sorted(col.to_pylist())
+    values = _bound_ordered(col)
+    if values is None:
+        return _all
+    kind = type(values[0]) if values else None
 
-        def prune_str(f: DataFileInfo) -> bool:
-            if not isinstance(f.key_lower, str) or not isinstance(f.key_upper, str):
-                return True
-            i = bisect.bisect_left(strs, f.key_lower)
-            return i < len(strs) and strs[i] <= f.key_upper
+    def prune(f: DataFileInfo) -> bool:
+        lower, upper = bound_value(f.key_lower), bound_value(f.key_upper)
+        if kind is None or type(lower) is not kind or type(upper) is not kind:
+            return True
+        i = bisect.bisect_left(values, lower)
+        return i < len(values) and values[i] <= upper
 
-        return prune_str
-    return _all
+    return prune
+
+
+def bound_value(bound: object) -> object:
+    """A manifest bound as :func:`_bound_ordered` gives key values: a uuid as its
+    16 bytes (they order as uuids do), everything else as pyiceberg decodes it."""
+    if isinstance(bound, uuid.UUID):
+        return bound.bytes
+    return bound
+
+
+def _bound_ordered(col: pa.Array) -> list[Any] | None:
+    """The column's non-null values, sorted, in the representation pyiceberg decodes
+    bounds to (days for a date, microseconds for a time or timestamp); None for a
+    type whose bounds are not compared (floats: NaN and -0.0 make them unreliable)."""
+    t = col.type
+    if isinstance(t, pa.BaseExtensionType):
+        col = col.storage
+        t = col.type
+    if pa.types.is_date32(t):
+        col = col.cast(pa.int32())
+    elif pa.types.is_timestamp(t) or pa.types.is_time64(t):
+        col = col.cast(pa.int64())
+    elif not (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_boolean(t)
+    ):
+        return None
+    return sorted(v for v in col.to_pylist() if v is not None)
 
 
 @dataclass(slots=True)
@@ -129,9 +172,7 @@ def key_matcher(
 ) -> Callable[[pa.Table], pa.Array]:
     """A function: a file's key columns → which rows hold one of ``keys``."""
     if len(keys) == 1 and not pa.types.is_nested(keys[0].type):
-        value_set = keys[0]
-        if isinstance(value_set, pa.ChunkedArray):
-            value_set = value_set.combine_chunks()
+        value_set = comparable(keys[0])
         name = key_names[0]
         if pa.types.is_integer(value_set.type) and value_set.null_count == 0 and len(value_set):
             # A sorted array and a binary search: 2-3x faster than is_in's hash table
@@ -139,7 +180,7 @@ def key_matcher(
             wanted = np.sort(value_set.to_numpy())
 
             def match_sorted(t: pa.Table) -> pa.Array:
-                col = t.column(name)
+                col = comparable(t.column(name))
                 if col.type != value_set.type:
                     col = col.cast(value_set.type)
                 if col.null_count:
@@ -151,7 +192,7 @@ def key_matcher(
             return match_sorted
 
         def match_one(t: pa.Table) -> pa.Array:
-            col = t.column(name)
+            col = comparable(t.column(name))
             if col.type != value_set.type:  # an older file written before a widening
                 col = col.cast(value_set.type)
             return pc.is_in(col, value_set=value_set)

@@ -10,14 +10,16 @@ Four paths, chosen per table and batch:
 - full: the vectorised multiset fold of a REPLICA IDENTITY FULL table
   (``fullfold.py``), then position deletes for the live rows equal to removed images;
 - the row-wise fold (``fold.py``) for what the vectorised folds leave to it (a key
-  change with unchanged TOAST values, key columns that change mid-batch), with the
-  same merge-on-read output.
+  change with unchanged TOAST values, key columns that change mid-batch, a table
+  without identity that was truncated, identities mixed in one transaction), with
+  the same merge-on-read output.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pyarrow as pa
 
@@ -31,6 +33,11 @@ from sparkapply.apply.writer import TableWriter
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo
+
+# How a table's changes name their rows in a batch: by key columns, by whole image
+# (FULL), not at all (no identity: inserts only), or several of these because the
+# identity changed inside a transaction (the row-wise fold's MIXED IDENTITIES).
+Identity = Literal["key", "full", "none", "mixed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,7 @@ class TableTask:
     streaming: str
     insert_only: bool = False  # no txn of the batch updates, deletes or truncates it
     partition: tuple[int, int] = (0, 1)  # (index, count): the keys this task owns
+    identity: Identity = "key"
 
 
 @dataclass(slots=True)
@@ -162,7 +170,7 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
             result.truncated = effect.truncated
             result.path = "keyed"
             return
-    if not task.keyed:
+    if task.identity == "full":
         try:
             full = fold_full(
                 task.relation_ids,
@@ -201,6 +209,7 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
         proto_version=task.proto_version,
         streaming=task.streaming,
         table=task.table,
+        mixed=task.identity == "mixed",
     )
     folded = time.perf_counter()
     timings["fold"] = folded - started  # with a keyed attempt that needed this fold

@@ -95,7 +95,7 @@ def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _cast(col: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
-    if isinstance(to, pa.ExtensionType):
+    if isinstance(to, pa.BaseExtensionType):
         storage = col.cast(to.storage_type)
         return pa.chunked_array(
             [pa.ExtensionArray.from_storage(to, c) for c in storage.chunks], type=to

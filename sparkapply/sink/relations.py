@@ -34,14 +34,15 @@ def evolve_to(
     plan = plan_evolution(table.schema(), relation, lsn=lsn)
     if not plan.requires_update:
         return table
-    apply_evolution(
+    changed = apply_evolution(
         table,
         add_columns=[(a.name, a.field_type) for a in plan.add],
         widen=_widenings(table, plan),
         identifier_fields=(list(plan.identifier_field_names) if plan.identifier_changed else None),
+        make_optional=plan.make_optional,
         lsn=None if lsn is None else Lsn(lsn),
     )
-    return catalog.load_table(ident)
+    return catalog.load_table(ident) if changed else table
 
 
 def _widenings(table: Table, plan: EvolutionPlan) -> list[tuple[str, IcebergType]]:

@@ -166,6 +166,7 @@ def apply_evolution(
     add_columns: Sequence[tuple[str, IcebergType]] = (),
     widen: Sequence[tuple[str, IcebergType]] = (),
     identifier_fields: Sequence[str] | None = None,
+    make_optional: Sequence[str] = (),
     lsn: Lsn | None = None,
 ) -> bool:
     """Evolve ``table``'s schema in one metadata commit; True if anything changed.
@@ -174,7 +175,16 @@ def apply_evolution(
     null). ``widen`` changes a column's type to a wider one the Iceberg spec allows
     (int → long, float → double, decimal(P,S) → decimal(P',S) with P' ≥ P, also as
     a list's element type). ``identifier_fields`` (the new replica-identity key; an
-    empty list for none) replaces the identifier fields when not None.
+    empty list for none) replaces the identifier fields when not None, and
+    ``make_optional`` names required columns that left the key (they may be null
+    from now on, e.g. once dropped on the publisher).
+
+    IDENTIFIER FIELDS ARE ADVISORY. They tell readers (Flink, Trino) the key; the
+    apply never uses them. Iceberg wants them required, and a column that was
+    optional cannot become required safely (old rows may hold nulls: PostgreSQL does
+    not replicate the fill of an added column). So a new key whose columns are all
+    required becomes the identifier; any other new key clears the identifier fields
+    (logged), and the table goes on without them.
 
     Idempotent, so it can be repeated after a crash: adding a column that exists
     with the same type, or widening to the type a column already has (or to a
@@ -204,12 +214,12 @@ def apply_evolution(
             )
         type_updates += _widening(name, top[column], new_type, lsn)
 
-    new_key: list[str] | None = None
-    if identifier_fields is not None and set(identifier_fields) != schema.identifier_field_names():
-        new_key = list(identifier_fields)
-        _check_key(name, schema, new_columns, new_key, lsn)
+    new_key = _new_identifier(name, schema, new_columns, identifier_fields)
+    optional = [
+        c for c in make_optional if c in top and top[c].required and c not in (new_key or ())
+    ]
 
-    if not new_columns and not type_updates and new_key is None:
+    if not new_columns and not type_updates and new_key is None and not optional:
         return False
 
     txn = table.transaction()
@@ -221,6 +231,8 @@ def apply_evolution(
                 update.update_column(path, field_type=new_type)
             if new_key is not None:
                 update.set_identifier_fields(*new_key)
+            for column in optional:
+                update.make_column_optional(column)
     except (ValidationError, ValueError) as exc:
         raise SchemaChangeError(
             f"Iceberg refused the schema change: {exc}", table=name, lsn=lsn
@@ -228,11 +240,12 @@ def apply_evolution(
     _ensure_name_mapping(txn)
     _commit_metadata(txn, name, "schema change", lsn=lsn)
     logger.info(
-        "evolved Iceberg table %s: added %s, widened %s, key %s",
+        "evolved Iceberg table %s: added %s, widened %s, key %s, now optional %s",
         name,
         [c for c, _ in new_columns],
         [".".join(p) for p, _ in type_updates],
         new_key,
+        optional,
     )
     return True
 
@@ -256,33 +269,32 @@ def _widening(
     )
 
 
-def _check_key(
+def _new_identifier(
     table: str,
     schema: Schema,
     new_columns: list[tuple[str, IcebergType]],
-    key: list[str],
-    lsn: Lsn | None,
-) -> None:
+    wanted: Sequence[str] | None,
+) -> list[str] | None:
+    """The identifier fields to set (see IDENTIFIER FIELDS ARE ADVISORY); None when
+    they stay as they are."""
+    if wanted is None or set(wanted) == schema.identifier_field_names():
+        return None
     top = {f.name: f for f in schema.fields}
     added = {c for c, _ in new_columns}
-    for column in key:
-        field = top.get(column)
-        if field is not None and field.required:
-            continue
-        if column in added:
-            reason = "it is a new column, added as optional because old rows have no value"
-        elif field is None:
-            reason = "the table has no such column"
-        else:
-            reason = "it is optional (nullable) in the Iceberg table"
-        raise SchemaChangeError(
-            f"cannot make column an Iceberg identifier field: {reason}",
-            table=table,
-            column=column,
-            lsn=lsn,
-            hint="Iceberg identifier fields must be required columns; recreate the table "
-            "with the new key and resynchronise it",
-        )
+    unfit = [c for c in wanted if c in added or c not in top or not top[c].required]
+    if not unfit:
+        return list(wanted)
+    if not schema.identifier_field_ids:
+        return None
+    logger.warning(
+        "Iceberg table %s: the new replica identity (%s) cannot be its identifier fields "
+        "(%s optional in Iceberg); the identifier fields are cleared, the apply follows "
+        "the new key all the same",
+        table,
+        ", ".join(wanted),
+        ", ".join(unfit),
+    )
+    return []
 
 
 def _commit_metadata(txn: Transaction, table: str, what: str, *, lsn: Lsn | None = None) -> None:

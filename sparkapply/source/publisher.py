@@ -6,16 +6,17 @@ before anything is streamed or acknowledged.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import psycopg
 
 from sparkapply.errors import (
     PrivilegeError,
     PublicationError,
-    ReplicaIdentityError,
     SlotError,
     SourceError,
 )
@@ -31,6 +32,35 @@ from sparkapply.source.negotiation import (
 
 SLOT_RELEASE_WAIT = 30.0  # seconds to wait for a slot held by a vanished consumer
 
+log = logging.getLogger(__name__)
+
+Identity = Literal["key", "full", "none"]
+
+# A table's replica identity read the way PostgreSQL's RelationGetReplicaIndex does:
+# DEFAULT is the primary key, USING INDEX the flagged index, each only if that index
+# is valid and immediate (a DEFERRABLE primary key is no identity); otherwise none.
+_PUBLISHED_TABLES = """
+    SELECT DISTINCT pt.schemaname, pt.tablename, pt.attnames, pt.rowfilter,
+           c.relreplident,
+           EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid
+                   AND i.indisvalid AND i.indimmediate
+                   AND ((c.relreplident = 'd' AND i.indisprimary)
+                        OR (c.relreplident = 'i' AND i.indisreplident)))
+    FROM pg_publication_tables pt
+    JOIN pg_namespace n ON n.nspname = pt.schemaname
+    JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+    WHERE pt.pubname = ANY(%s)
+    ORDER BY 1, 2
+"""
+
+
+def _identity(replident: str, has_index: bool) -> Identity:
+    if replident == "f":
+        return "full"
+    if replident in ("d", "i") and has_index:
+        return "key"
+    return "none"
+
 
 @dataclass(frozen=True, slots=True)
 class PublishedTable:
@@ -38,6 +68,7 @@ class PublishedTable:
     name: str
     columns: tuple[str, ...]
     row_filter: str | None
+    identity: Identity = "key"
 
     @property
     def qualified(self) -> str:
@@ -55,7 +86,8 @@ class SlotInfo:
 
 
 def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, list[PublishedTable]]:
-    """Version, wal_level, publications and the published tables' replica identity."""
+    """Version, wal_level, publications and the published tables with their replica
+    identity (a table without one is mirrored append-only)."""
     where = describe_dsn(dsn)
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
@@ -87,31 +119,20 @@ def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, li
                 hint="CREATE PUBLICATION <name> FOR TABLE ... (or FOR ALL TABLES) on the "
                 "publisher, or fix [source] publication",
             )
-        rows = conn.execute(
-            """
-            SELECT DISTINCT pt.schemaname, pt.tablename, pt.attnames, pt.rowfilter,
-                   c.relreplident,
-                   EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid
-                           AND (i.indisprimary OR i.indisreplident))
-            FROM pg_publication_tables pt
-            JOIN pg_namespace n ON n.nspname = pt.schemaname
-            JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-            WHERE pt.pubname = ANY(%s)
-            ORDER BY 1, 2
-            """,
-            (list(publications),),
-        ).fetchall()
+        rows = conn.execute(_PUBLISHED_TABLES, (list(publications),)).fetchall()
     tables = []
     for schema, name, attnames, rowfilter, replident, has_index in rows:
-        if replident == "n" or (replident in ("d", "i") and not has_index):
-            raise ReplicaIdentityError(
-                f"published table {schema}.{name} has no replica identity, so its updates "
-                "and deletes cannot be applied by key",
-                relation=f"{schema}.{name}",
-                hint=f'ALTER TABLE "{schema}"."{name}" ADD PRIMARY KEY (...), or '
-                "REPLICA IDENTITY FULL",
+        identity = _identity(replident, has_index)
+        if identity == "none":
+            # The publisher itself refuses UPDATE and DELETE on such a table while a
+            # publication publishes them, so only inserts (and TRUNCATE) ever arrive.
+            log.info(
+                "published table %s.%s has no replica identity: mirrored append-only "
+                "(inserts, TRUNCATE, schema changes)",
+                schema,
+                name,
             )
-        tables.append(PublishedTable(schema, name, tuple(attnames or ()), rowfilter))
+        tables.append(PublishedTable(schema, name, tuple(attnames or ()), rowfilter, identity))
     return protocol, tables
 
 

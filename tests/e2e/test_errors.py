@@ -13,7 +13,6 @@ import pytest
 from sparkapply.embedded import EmbeddedPostgres
 from sparkapply.errors import (
     PublicationError,
-    ReplicaIdentityError,
     SchemaChangeError,
     SlotError,
     SourceError,
@@ -37,13 +36,6 @@ def test_missing_publication(mirror: Mirror) -> None:
     with pytest.raises(PublicationError, match=r"publication 'pub' does not exist") as info:
         mirror.run()
     assert "CREATE PUBLICATION" in str(info.value)
-
-
-def test_table_without_replica_identity(mirror: Mirror) -> None:
-    mirror.sql("CREATE TABLE nokey (a int, b text)", "CREATE PUBLICATION pub FOR TABLE nokey")
-    with pytest.raises(ReplicaIdentityError, match=r"public\.nokey") as info:
-        mirror.run()
-    assert "REPLICA IDENTITY FULL" in str(info.value)
 
 
 def test_slot_of_the_wrong_kind(mirror: Mirror) -> None:

@@ -162,12 +162,28 @@ def test_identifier_fields(orders: Table) -> None:
     assert orders.schema().identifier_field_names() == set()
     apply_evolution(orders, identifier_fields=["id"])
     assert orders.schema().identifier_field_names() == {"id"}
-    with pytest.raises(SchemaChangeError, match="optional") as info:
-        apply_evolution(orders, identifier_fields=["id", "note"])
-    assert info.value.context["column"] == "note"
-    with pytest.raises(SchemaChangeError, match="new column"):
-        apply_evolution(orders, add_columns=[("k", LongType())], identifier_fields=["k"])
-    assert "k" not in {f.name for f in orders.schema().fields}  # nothing half-applied
+
+
+def test_a_key_iceberg_cannot_hold_clears_the_identifier_and_never_stops(
+    orders: Table,
+) -> None:
+    """Identifier fields are advisory: a key on an optional or a new column clears
+    them (old rows may hold nulls there), and the schema change itself goes through."""
+    assert apply_evolution(orders, identifier_fields=["id", "note"])
+    assert orders.schema().identifier_field_names() == set()
+    assert orders.schema().find_field("id").required  # still required: never null
+    assert not apply_evolution(orders, identifier_fields=["note"])  # nothing to clear
+    assert apply_evolution(orders, add_columns=[("k", LongType())], identifier_fields=["k"])
+    assert "k" in {f.name for f in orders.schema().fields}
+    assert orders.schema().identifier_field_names() == set()
+
+
+def test_a_column_that_leaves_the_key_becomes_optional(orders: Table) -> None:
+    """The old key column may be dropped on the publisher: its new rows hold null."""
+    assert apply_evolution(orders, identifier_fields=[], make_optional=["id"])
+    assert not orders.schema().find_field("id").required
+    assert orders.schema().identifier_field_names() == set()
+    assert not apply_evolution(orders, make_optional=["id"])  # idempotent
 
 
 def test_evolution_gives_a_table_without_mapping_a_complete_one(

@@ -1,0 +1,280 @@
+"""End to end: what real publishers do in their first week, compared row by row.
+
+Key-less insert-only tables (pgbench's history, audit logs, a deferrable primary key),
+a replica identity that changes while the mirror runs (DEFAULT to FULL and back, a key
+moved to another column), and keys of every mapped type, alone and composite, folded
+by several tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.mirror import Mirror
+
+pytestmark = pytest.mark.integration
+
+
+def _split_over_tasks(mirror: Mirror) -> None:
+    """Every keyed table folded by three key-hash partitions, however small."""
+    apply = dataclasses.replace(mirror.config.apply, split_bytes=1, max_tasks_per_table=3)
+    mirror.config = dataclasses.replace(mirror.config, apply=apply)
+
+
+def test_keyless_insert_only_tables(mirror: Mirror) -> None:
+    """No primary key (pgbench_history), a deferrable primary key (not a replica
+    identity in PostgreSQL), and REPLICA IDENTITY NOTHING: mirrored append-only, with
+    TRUNCATE and schema changes, copied first and streamed after."""
+    mirror.sql(
+        "CREATE TABLE history (tid int, bid int, aid int, delta int, mtime timestamp,"
+        " filler char(22))",
+        "CREATE TABLE audit (id int PRIMARY KEY DEFERRABLE, what text)",
+        "CREATE TABLE events (id bigint, payload jsonb)",
+        "ALTER TABLE events REPLICA IDENTITY NOTHING",
+        "INSERT INTO history SELECT g % 10, g % 3, g, g * 2, now(), 'f'"
+        " FROM generate_series(1, 200) g",
+        "INSERT INTO audit SELECT g, 'a' || g FROM generate_series(1, 50) g",
+        "CREATE PUBLICATION pub FOR TABLE history, audit, events"
+        " WITH (publish = 'insert, truncate')",
+    )
+    mirror.run()  # preflight accepts them; the initial copy
+    mirror.assert_mirrored("public.history", "public.audit", "public.events")
+    mirror.sql(
+        # Duplicate rows are rows of their own in a table without a key.
+        "INSERT INTO history SELECT 1, 1, 1, 1, '2026-01-01', 'dup' FROM generate_series(1, 5)",
+        "INSERT INTO history SELECT g % 10, g % 3, g, g * 2, now(), 's'"
+        " FROM generate_series(1, 3000) g",  # streamed (64kB work_mem)
+        "INSERT INTO events SELECT g, jsonb_build_object('n', g) FROM generate_series(1, 100) g",
+        "INSERT INTO audit VALUES (51, 'late')",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.history", "public.audit", "public.events")
+    mirror.sql(
+        "BEGIN",
+        "TRUNCATE events",
+        "INSERT INTO events VALUES (7, '{\"after\": true}')",
+        "COMMIT",
+        "ALTER TABLE history ADD COLUMN note text",
+        "INSERT INTO history (tid, bid, aid, delta, note) VALUES (1, 2, 3, 4, 'new col')",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.history", "public.audit", "public.events")
+
+
+def test_insert_only_table_gains_an_identity(mirror: Mirror) -> None:
+    """An insert-only table without identity becomes REPLICA IDENTITY FULL and its
+    publication starts publishing updates: updates apply by row image from then on."""
+    mirror.sql(
+        "CREATE TABLE log (id int, v text)",
+        "CREATE PUBLICATION pub FOR TABLE log WITH (publish = 'insert')",
+    )
+    mirror.run()
+    mirror.sql(
+        "INSERT INTO log VALUES (1, 'a'), (2, 'b')",
+        "ALTER PUBLICATION pub SET (publish = 'insert, update')",
+        "ALTER TABLE log REPLICA IDENTITY FULL",
+        "UPDATE log SET v = 'c' WHERE id = 2",
+    )
+    mirror.run()  # FULL: applied by row image
+    mirror.assert_mirrored("public.log")
+
+
+def test_replica_identity_changes_while_mirroring(mirror: Mirror) -> None:
+    """DEFAULT to FULL and back, then the key moved to new columns (a serial id
+    replaced by a uuid, the old column dropped), with changes after each move."""
+    _split_over_tasks(mirror)
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, code text NOT NULL, v int)",
+        "INSERT INTO t SELECT g, 'c' || g, g FROM generate_series(1, 300) g",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    mirror.run()
+    mirror.sql(
+        "UPDATE t SET v = v + 1 WHERE id % 5 = 0",
+        "ALTER TABLE t REPLICA IDENTITY FULL",
+        "UPDATE t SET v = -v WHERE id % 7 = 0",
+        "DELETE FROM t WHERE id % 11 = 0",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    mirror.sql(
+        "ALTER TABLE t REPLICA IDENTITY DEFAULT",
+        "UPDATE t SET v = 0 WHERE id % 13 = 0",
+        "UPDATE t SET id = id + 1000 WHERE id BETWEEN 1 AND 3",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    # The key moves to a column that exists and is optional in Iceberg.
+    mirror.sql(
+        "ALTER TABLE t DROP CONSTRAINT t_pkey",
+        "ALTER TABLE t ADD PRIMARY KEY (code)",
+        "UPDATE t SET v = 42 WHERE id % 4 = 0",
+        "UPDATE t SET code = code || '-x' WHERE id % 9 = 0",
+        "DELETE FROM t WHERE id % 17 = 0",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    # Then to a new uuid column; the old key column is dropped.
+    mirror.sql(
+        "ALTER TABLE t ADD COLUMN uid uuid",
+        "UPDATE t SET uid = md5(code)::uuid",
+        "ALTER TABLE t ALTER COLUMN uid SET NOT NULL",
+        "ALTER TABLE t DROP CONSTRAINT t_pkey",
+        "ALTER TABLE t ADD PRIMARY KEY (uid)",
+        "ALTER TABLE t DROP COLUMN id",
+        "INSERT INTO t (code, v, uid) SELECT 'n' || g, g, gen_random_uuid()"
+        " FROM generate_series(1, 50) g",
+        "UPDATE t SET v = v * 2 WHERE v % 3 = 0",
+        "DELETE FROM t WHERE v % 10 = 1",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    # And back to FULL, then to a unique index as identity.
+    mirror.sql(
+        "ALTER TABLE t REPLICA IDENTITY FULL",
+        "UPDATE t SET v = v + 1 WHERE v % 2 = 0",
+        "CREATE UNIQUE INDEX t_code ON t (code)",
+        "ALTER TABLE t REPLICA IDENTITY USING INDEX t_code",
+        "UPDATE t SET code = code || '-y' WHERE v % 5 = 0",
+        "DELETE FROM t WHERE v % 7 = 0",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+
+
+# (column type, SQL of the n-th value, SQL of a changed value): one of each key type.
+KEY_TYPES = [
+    ("int2", "({n})::int2", "({n} + 20000)::int2"),
+    ("int4", "{n}", "{n} + 1000000"),
+    ("int8", "{n}::int8 * 10000000000", "{n}::int8 * 10000000000 + 1"),
+    ("numeric", "{n} / 7.0", "{n} / 7.0 + 0.5"),
+    ("numeric(12,3)", "({n} / 3.0)::numeric(12,3)", "({n} / 3.0 + 1000)::numeric(12,3)"),
+    ("text", "'k' || {n}", "'moved-' || {n}"),
+    ("varchar(20)", "'v' || {n}", "'w' || {n}"),
+    ("char(8)", "'c' || {n}", "'d' || {n}"),
+    ("uuid", "md5('u' || {n})::uuid", "md5('moved' || {n})::uuid"),
+    ("date", "date '2020-01-01' + {n}", "date '2030-01-01' + {n}"),
+    (
+        "timestamp",
+        "timestamp '2020-01-01' + {n} * interval '1 minute'",
+        "timestamp '2031-01-01' + {n} * interval '1 second'",
+    ),
+    (
+        "timestamptz",
+        "timestamptz '2020-01-01 00:00+02' + {n} * interval '1 hour'",
+        "timestamptz '2032-01-01 00:00+05' + {n} * interval '1 hour'",
+    ),
+    ("bytea", "decode(md5({n}::text), 'hex')", "decode(md5('x' || {n}), 'hex')"),
+]
+
+
+def _key_table(mirror: Mirror, name: str, columns: list[tuple[str, str]], rows: int) -> None:
+    cols = ", ".join(f"k{i} {t}" for i, (t, _) in enumerate(columns))
+    keys = ", ".join(f"k{i}" for i in range(len(columns)))
+    values = ", ".join(v.format(n="g") for _, v in columns)
+    mirror.sql(
+        f"CREATE TABLE {name} ({cols}, v int, note text, PRIMARY KEY ({keys}))",
+        f"INSERT INTO {name} SELECT {values}, g, 'r' || g FROM generate_series(1, {rows}) g",
+    )
+
+
+def _key_changes(mirror: Mirror, name: str, columns: list[tuple[str, str, str]]) -> None:
+    """Updates of non-key columns, key changes, deletes, inserts: one transaction each,
+    and a key changed twice within one transaction (a chain in one task)."""
+    moved = ", ".join(f"k{i} = {c.format(n='v')}" for i, (_, _, c) in enumerate(columns))
+    inserted = ", ".join(v.format(n="g") for _, v, _ in columns)
+    mirror.sql(
+        f"UPDATE {name} SET note = 'u' || v WHERE v % 3 = 0",
+        f"UPDATE {name} SET {moved} WHERE v % 10 = 1",
+        f"DELETE FROM {name} WHERE v % 10 = 2",
+        f"INSERT INTO {name} SELECT {inserted}, g, 'i' FROM generate_series(500, 520) g",
+        "BEGIN",
+        f"UPDATE {name} SET note = 'twice' WHERE v % 10 = 3",
+        f"DELETE FROM {name} WHERE v % 10 = 4",
+        f"UPDATE {name} SET v = v + 100000 WHERE v % 10 = 5",
+        "COMMIT",
+    )
+
+
+@pytest.mark.parametrize("keytype", [k[0] for k in KEY_TYPES])
+def test_single_key_of_every_type(mirror: Mirror, keytype: str) -> None:
+    _split_over_tasks(mirror)
+    spec = next(k for k in KEY_TYPES if k[0] == keytype)
+    _key_table(mirror, "t", [(spec[0], spec[1])], rows=200)
+    mirror.sql("CREATE PUBLICATION pub FOR TABLE t")
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    _key_changes(mirror, "t", [spec])
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+
+
+COMPOSITES = {
+    "text-timestamptz-uuid": ["text", "timestamptz", "uuid"],
+    "int8-uuid": ["int8", "uuid"],
+    "date-bytea-int2": ["date", "bytea", "int2"],
+    "numeric-char-timestamp": ["numeric(12,3)", "char(8)", "timestamp"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITES))
+def test_composite_keys(mirror: Mirror, name: str) -> None:
+    _split_over_tasks(mirror)
+    specs = [next(k for k in KEY_TYPES if k[0] == t) for t in COMPOSITES[name]]
+    _key_table(mirror, "t", [(s[0], s[1]) for s in specs], rows=200)
+    mirror.sql("CREATE PUBLICATION pub FOR TABLE t")
+    mirror.run()
+    _key_changes(mirror, "t", specs)
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+
+
+def test_bool_key(mirror: Mirror) -> None:
+    """A boolean in a composite key (a flag column next to an id)."""
+    _split_over_tasks(mirror)
+    mirror.sql(
+        "CREATE TABLE t (id int, live bool, v int, PRIMARY KEY (id, live))",
+        "INSERT INTO t SELECT g, g % 2 = 0, g FROM generate_series(1, 200) g",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    mirror.run()
+    mirror.sql(
+        "UPDATE t SET v = -v WHERE id % 3 = 0",
+        "UPDATE t SET live = NOT live WHERE id % 5 = 0 AND live",
+        "DELETE FROM t WHERE id % 7 = 0",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "ALTER TABLE t REPLICA IDENTITY FULL",
+        "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (code)",
+    ],
+)
+def test_identity_changes_between_changes_of_one_transaction(mirror: Mirror, ddl: str) -> None:
+    """A migration that writes, changes the identity and writes again, in one
+    transaction: each change applies by the identity it was sent with."""
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, code text NOT NULL, v int)",
+        "INSERT INTO t SELECT g, 'c' || g, g FROM generate_series(1, 100) g",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    mirror.run()
+    mirror.sql(
+        "BEGIN",
+        "UPDATE t SET v = v + 1000 WHERE id % 3 = 0",
+        "DELETE FROM t WHERE id % 10 = 0",
+        "INSERT INTO t VALUES (500, 'c500', 500)",
+        ddl,
+        "UPDATE t SET v = -v WHERE id % 2 = 0",
+        "DELETE FROM t WHERE id % 7 = 0",
+        "UPDATE t SET code = code || '-m' WHERE id % 5 = 0",
+        "COMMIT",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
