@@ -19,7 +19,17 @@ class ErrorKind(enum.Enum):
     FATAL = "fatal"  # a bug or corrupt input: stop, keep everything not acknowledged
 
 
-_CONTEXT_ORDER = ("xid", "lsn", "relation", "column", "table", "key", "tag", "offset")
+_CONTEXT_ORDER = (
+    "xid",
+    "lsn",
+    "lsns",
+    "relation",
+    "column",
+    "table",
+    "key",
+    "tag",
+    "offset",
+)
 
 
 class SparkapplyError(Exception):
@@ -154,6 +164,12 @@ class SchemaChangeError(SparkapplyError):
     """A schema change Iceberg cannot follow (e.g. a narrowing type change)."""
 
     kind = ErrorKind.OPERATOR
+
+
+class InternalError(SparkapplyError):
+    """An unexpected exception in sparkapply's own code: a bug. It names the table and
+    the LSN range it was applying; skipping a transaction is not offered, because no
+    transaction's content is known to be at fault (report it instead)."""
 
 
 class ApplyError(SparkapplyError):

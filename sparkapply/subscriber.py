@@ -48,6 +48,7 @@ import psycopg
 from sparkapply import collector
 from sparkapply.apply.batch import Applier, BatchStats
 from sparkapply.apply.stager import Stager, sweep_staged
+from sparkapply.apply.tasks import internal_error
 from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
@@ -55,7 +56,7 @@ from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
 from sparkapply.convert.schema import relation_identifier
 from sparkapply.copy.driver import PUBLICATION_CHECK_INTERVAL, TableCopier
-from sparkapply.errors import ErrorKind, SparkapplyError, SparkJobError
+from sparkapply.errors import ErrorKind, InternalError, SparkapplyError, SparkJobError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import INVALID_LSN, Lsn
 from sparkapply.maintain.maintainer import Maintainer
@@ -162,7 +163,7 @@ class Subscriber:
                         break
                 except SparkapplyError as exc:
                     # By kind, not by class: whatever may succeed when tried again is.
-                    if exc.kind is not ErrorKind.TRANSIENT:
+                    if exc.kind is not ErrorKind.TRANSIENT and not isinstance(exc, InternalError):
                         raise
                     if self.summary.flushed > flushed:
                         backoff = 1.0  # the session made progress: not a persistent fault
@@ -387,8 +388,9 @@ class _ApplyJob:
             raise
         except Exception as exc:
             lost = spark_job_error(exc)
-            if lost is None:
-                raise
+            if lost is None:  # a bug in the driver's half of the apply
+                lsns = [int(t.commit_lsn) for t in txns]
+                raise internal_error(exc, None, lsns) from exc
             raise lost from exc
         if self.maintainer is not None:
             # Between batches, on this thread: never racing the apply of a table.
@@ -442,7 +444,7 @@ def _locate(exc: SparkapplyError, batch: Batch) -> SparkapplyError:
         return exc
     exc.with_context(xid=found.xid, lsn=found.commit_lsn)
     exc.context["lsn"] = found.commit_lsn  # the commit LSN, which `skip` takes
-    if exc.kind is not ErrorKind.TRANSIENT:
+    if exc.kind is not ErrorKind.TRANSIENT and not isinstance(exc, InternalError):
         skip = (
             f"to drop this one transaction instead: sparkapply skip --config <file> "
             f"--lsn {found.commit_lsn}"

@@ -18,6 +18,7 @@ Four paths, chosen per table and batch:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,7 +31,8 @@ from sparkapply.apply.fullfold import fold_full
 from sparkapply.apply.inserts import append_inserts
 from sparkapply.apply.keyfold import NeedsRowFold, fold_keyed
 from sparkapply.apply.writer import TableWriter
-from sparkapply.errors import ApplyError, SparkapplyError
+from sparkapply.errors import InternalError, SparkapplyError
+from sparkapply.lsn import format_lsn
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo
 
@@ -97,11 +99,26 @@ def run_table_task(task: TableTask) -> TableResult:
             _run(task, result)
     except SparkapplyError as exc:
         result.error = exc.with_context(table=task.table)
-    except Exception as exc:  # an executor bug must still name the table
-        result.error = ApplyError(f"{type(exc).__name__}: {exc}", table=task.table)
+    except Exception as exc:  # an executor bug must still name the table and the LSNs
+        result.error = internal_error(exc, task.table, [t.commit_lsn for t in task.txns])
     finally:
         result.seconds = time.perf_counter() - started
     return result
+
+
+def internal_error(exc: Exception, table: str | None, commit_lsns: Sequence[int]) -> InternalError:
+    """A bug met while applying ``table``'s (or the batch's) transactions with these
+    commit LSNs."""
+    lsns = (
+        f"{format_lsn(min(commit_lsns))}..{format_lsn(max(commit_lsns))}" if commit_lsns else None
+    )
+    return InternalError(
+        f"unexpected {type(exc).__name__} while applying: {exc}",
+        table=table,
+        lsns=lsns,
+        hint="this is a bug in sparkapply, not in the data: nothing of the batch was "
+        "acknowledged; report it with this message and the log",
+    )
 
 
 def _run(task: TableTask, result: TableResult) -> None:

@@ -108,3 +108,34 @@ def test_a_batch_is_cut_where_a_table_changes_identity() -> None:
     parts = identity_epochs(batch)
     assert [[t.xid for t in p] for p in parts] == [[1, 2], [3, 4], [5]]
     assert identity_epochs(batch[:2]) == [batch[:2]]
+
+
+def test_a_bug_in_a_task_names_table_and_lsns_and_offers_no_skip(tmp_path: Path) -> None:
+    """An exception of our own code (here: a schema without the key column) comes back
+    as an InternalError naming the table and the LSN range; `skip` is not offered."""
+    import pickle
+
+    import pyarrow as pa
+
+    from sparkapply.apply.tasks import TableTask, run_table_task
+    from sparkapply.errors import InternalError
+
+    txn = spool(tmp_path, BY_A, m.Insert(None, 7, tup(1, 1)), m.Delete(None, 7, "K", tup(1, 1)))
+    task = TableTask(
+        table="public.t",
+        relation_ids=frozenset({7}),
+        keyed=True,
+        key_names=("a",),
+        txns=(txn,),
+        schema=pa.schema([pa.field("b", pa.int32())]),
+        data_files=(),
+        delete_files=(),
+        data_dir=str(tmp_path / "d"),
+        proto_version=4,
+        streaming="parallel",
+    )
+    error = pickle.loads(pickle.dumps(run_table_task(task).error))
+    assert isinstance(error, InternalError)
+    assert error.context["table"] == "public.t"
+    assert error.context["lsns"] == "0/3A1C1A0..0/3A1C1A0"
+    assert "skip" not in str(error) and "bug in sparkapply" in str(error)

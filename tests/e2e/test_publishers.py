@@ -9,9 +9,12 @@ by several tasks.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+from shutil import which
 
 import pytest
 
+from tests.conftest import PgServer
 from tests.mirror import Mirror
 
 pytestmark = pytest.mark.integration
@@ -276,5 +279,58 @@ def test_identity_changes_between_changes_of_one_transaction(mirror: Mirror, ddl
         "UPDATE t SET code = code || '-m' WHERE id % 5 = 0",
         "COMMIT",
     )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+
+
+def _pgbench(pg_server: PgServer) -> str:
+    found = str(pg_server.embedded.bin_dir / "pgbench") if pg_server.embedded else which("pgbench")
+    assert found, "pgbench is not installed beside the test server"
+    return found
+
+
+def test_pgbench_mirrored_while_it_runs(mirror: Mirror, pg_server: PgServer) -> None:
+    """pgbench's own schema (pgbench_history has no key) and its TPC-B-like load, four
+    clients, applied while it runs; then every table equals the publisher's."""
+    pgbench = _pgbench(pg_server)
+    subprocess.run([pgbench, "-i", "-s", "1", "-q", mirror.dsn], check=True, capture_output=True)
+    mirror.sql("CREATE PUBLICATION pub FOR ALL TABLES")
+    mirror.run()  # the initial copy: 100,000 accounts
+    load = subprocess.Popen(
+        [pgbench, "-c", "4", "-j", "2", "-t", "400", "-n", mirror.dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        while load.poll() is None:  # batches applied while pgbench writes
+            mirror.run()
+    finally:
+        out, _ = load.communicate(timeout=300)
+    assert load.returncode == 0, out.decode()
+    mirror.run()
+    tables = ("accounts", "branches", "tellers", "history")
+    mirror.assert_mirrored(*(f"public.pgbench_{t}" for t in tables))
+    assert len(mirror.iceberg_rows("public.pgbench_history")[1]) == 4 * 400
+
+
+@pytest.mark.parametrize("types", [["uuid"], ["text", "timestamptz", "uuid"]])
+def test_uuid_keys_through_compaction(mirror: Mirror, types: list[str]) -> None:
+    """A uuid key (alone and in a composite) through batches, a compaction that
+    rewrites its files, and more changes located in the compacted files."""
+    from sparkapply.maintain.compact import compact
+
+    _split_over_tasks(mirror)
+    specs = [next(k for k in KEY_TYPES if k[0] == t) for t in types]
+    _key_table(mirror, "t", [(s[0], s[1]) for s in specs], rows=300)
+    mirror.sql("CREATE PUBLICATION pub FOR TABLE t")
+    mirror.run()
+    _key_changes(mirror, "t", specs)
+    mirror.run()
+    table = mirror.catalog.load_table(("public", "t"))
+    compact(table, lambda: mirror.spark, target_file_size=1 << 27, file_delete_ratio=0.01)
+    compacted = mirror.catalog.load_table(("public", "t"))
+    assert compacted.current_snapshot().summary.operation.value == "replace"
+    mirror.assert_mirrored("public.t")
+    mirror.sql("UPDATE t SET note = 'after' WHERE v % 4 = 0", "DELETE FROM t WHERE v % 9 = 0")
     mirror.run()
     mirror.assert_mirrored("public.t")
