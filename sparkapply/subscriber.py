@@ -59,6 +59,7 @@ from sparkapply.copy.driver import PUBLICATION_CHECK_INTERVAL, TableCopier
 from sparkapply.errors import ErrorKind, InternalError, SparkapplyError, SparkJobError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import INVALID_LSN, Lsn
+from sparkapply.maintain.background import BackgroundMaintenance
 from sparkapply.maintain.maintainer import Maintainer
 from sparkapply.metrics import Metrics
 from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
@@ -247,10 +248,15 @@ class Subscriber:
                 ),
                 slot.confirmed_flush,
             )
-            maintainer = (
-                Maintainer(cfg.maintenance, spark, catalog) if cfg.maintenance.enabled else None
+            maintenance = (
+                BackgroundMaintenance(
+                    Maintainer(cfg.maintenance, spark, catalog, locks=applier.locks),
+                    applier.known_tables,
+                )
+                if cfg.maintenance.enabled
+                else None
             )
-            job = _ApplyJob(applier, copier, maintainer)
+            job = _ApplyJob(applier, copier, maintenance)
             return self._loop(stream, assembler, progress, scheduler, job, target)
         finally:
             if stager is not None:
@@ -290,6 +296,8 @@ class Subscriber:
                     failpoint("before-ack")
                     scheduler.complete(batch)
                     self._account(batch, stats, seconds, progress.flushed)
+                    if job.maintenance is not None:
+                        job.maintenance.poke()  # beside the apply: never delays the next
 
                 if copying is not None and copying.done():
                     copying.result()  # re-raises the copy's error
@@ -331,6 +339,8 @@ class Subscriber:
                 with contextlib.suppress(Exception):
                     running.result()
             pool.shutdown(wait=True)
+            if job.maintenance is not None:
+                job.maintenance.close()
 
     def _account(self, batch: Batch, stats: BatchStats, seconds: float, flushed: Lsn) -> None:
         self.summary.batches += 1
@@ -371,11 +381,14 @@ class _ApplyJob:
     committed are dropped from the applier's cache here."""
 
     def __init__(
-        self, applier: Applier, copier: TableCopier, maintainer: Maintainer | None = None
+        self,
+        applier: Applier,
+        copier: TableCopier,
+        maintenance: BackgroundMaintenance | None = None,
     ) -> None:
         self.applier = applier
         self.copier = copier
-        self.maintainer = maintainer
+        self.maintenance = maintenance
 
     def apply(self, batch: Batch) -> tuple[BatchStats, float]:
         started = time.monotonic()
@@ -392,9 +405,6 @@ class _ApplyJob:
                 lsns = [int(t.commit_lsn) for t in txns]
                 raise internal_error(exc, None, lsns) from exc
             raise lost from exc
-        if self.maintainer is not None:
-            # Between batches, on this thread: never racing the apply of a table.
-            self.maintainer.run_due(self.applier.known_tables(), on_commit=self.applier.forget)
         return stats, time.monotonic() - started
 
     def refresh(self) -> None:

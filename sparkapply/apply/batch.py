@@ -45,6 +45,7 @@ from sparkapply.sink.files import (
     current_snapshot_id,
     remove_orphans,
 )
+from sparkapply.sink.locks import TableLocks
 from sparkapply.sink.maintenance import expire_and_delete, expire_snapshots
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import evolve_to
@@ -214,8 +215,10 @@ class Applier:
         split_bytes: int = 16 * 1024 * 1024,
         max_tasks_per_table: int = 0,
         free_expired_files: bool = False,
+        locks: TableLocks | None = None,
     ) -> None:
         self.spark = spark
+        self.locks = locks or TableLocks()
         self.catalog = catalog
         self.table_map = table_map or {}
         self.proto_version = proto_version
@@ -260,6 +263,19 @@ class Applier:
             return stats
 
     def _apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
+        """One part of a batch, holding its tables from planning to commit, so that
+        maintenance beside the apply never commits in between (sink/locks.py)."""
+        idents = {
+            self.identifier(rel)
+            for txn in batch
+            for rel in [*txn.relations.values(), *txn.relation_messages]
+        }
+        with self.locks.hold(idents) as changed:
+            for ident in changed:  # maintenance committed: plan against the new files
+                self.forget(ident)
+            return self._apply_held(batch)
+
+    def _apply_held(self, batch: Sequence[CommittedTxn]) -> BatchStats:
         stats = BatchStats(transactions=len(batch), started=time.monotonic())
         # Relation versions in apply order, and which table each relation id is.
         versions: dict[tuple[str, str], list[tuple[m.Relation, Lsn]]] = {}

@@ -33,6 +33,9 @@ DEFAULT_CONF: Mapping[str, str] = {
     # Executors are Python-heavy; one task per core and reused workers.
     "spark.python.worker.reuse": "true",
     "spark.task.maxFailures": "1",
+    # Maintenance runs its jobs beside the apply's, in a pool of its own: pools share
+    # the cores fairly, so a compaction does not hold back a batch's tasks.
+    "spark.scheduler.mode": "FAIR",
 }
 
 LOG4J2_TEMPLATE = """\

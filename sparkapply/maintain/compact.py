@@ -22,8 +22,10 @@ calls it on the apply thread, between batches (``maintainer.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,9 +64,11 @@ def compact(
     target_file_size: int,
     file_delete_ratio: float,
     dry_run: bool = False,
+    guard: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> CompactionOutcome:
     """Compact ``table`` (see the module doc); ``spark`` is called only when there is
-    work. ``dry_run``: plan and report, write nothing."""
+    work. ``dry_run``: plan and report, write nothing. ``guard()`` is held around the
+    commit (the table's lock, when the apply runs beside it)."""
     plan = plan_compaction(
         table, target_file_size=target_file_size, file_delete_ratio=file_delete_ratio
     )
@@ -88,13 +92,14 @@ def compact(
         raise err
     failpoint("compact-before-commit")
     try:
-        committed = commit_rewrite(
-            table,
-            base_snapshot_id=plan.base_snapshot_id,
-            added_data=added,
-            added_deletes=merged,
-            removed=plan.removed,
-        )
+        with guard():
+            committed = commit_rewrite(
+                table,
+                base_snapshot_id=plan.base_snapshot_id,
+                added_data=added,
+                added_deletes=merged,
+                removed=plan.removed,
+            )
     except SparkapplyError:
         remove_orphans(table, written)
         raise

@@ -32,10 +32,12 @@ against the new files.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -43,6 +45,7 @@ from sparkapply.config import MaintenanceConfig
 from sparkapply.errors import ErrorKind, SparkapplyError
 from sparkapply.maintain.compact import CompactionOutcome, compact
 from sparkapply.maintain.plan import Health, health
+from sparkapply.sink.locks import TableLocks
 from sparkapply.sink.maintenance import (
     ExpiryOutcome,
     OrphanOutcome,
@@ -61,6 +64,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+SCHEDULER_POOL = "maintenance"
+
+# Held around one commit of a table (sink/locks.py); a no-op when run alone.
+Guard = Callable[[], AbstractContextManager[None]]
 
 
 @dataclass(slots=True)
@@ -127,8 +135,11 @@ class Maintainer:
         catalog: Catalog,
         *,
         clock: Callable[[], float] = time.time,
+        locks: TableLocks | None = None,
     ) -> None:
         self.config = config
+        # Beside the apply (its own thread): each commit holds the table's lock.
+        self.locks = locks
         self.catalog = catalog
         self._spark = spark
         self.clock = clock
@@ -141,6 +152,9 @@ class Maintainer:
             raise SparkapplyError("compaction needs a Spark session", hint="pass one to Maintainer")
         if callable(self._spark):
             self._spark = self._spark()
+        # Jobs of this thread go to their own pool: under the session's FAIR
+        # scheduling, an apply's tasks do not queue behind a compaction's.
+        self._spark.sparkContext.setLocalProperty("spark.scheduler.pool", SCHEDULER_POOL)
         return self._spark
 
     def run_due(
@@ -195,30 +209,25 @@ class Maintainer:
             return None
         report = MaintenanceReport(".".join(ident), dry_run, before)
         self._tolerant = due_only
+        guard = self._guard(ident)
         if compact_due or not due_only:
             # Over the table-wide ratio, files at that ratio are worth a rewrite too.
             ratio = min(cfg.file_delete_ratio, cfg.max_delete_ratio) if by_ratio else None
-            report.compaction = self._step(report, lambda: self._compact(table, dry_run, ratio))
+            report.compaction = self._step(
+                report, lambda: self._compact(table, dry_run, ratio, guard)
+            )
             if report.compaction is not None and report.compaction.snapshot_id is not None:
                 report.committed = True
                 self._quiet.pop(ident, None)
             elif report.compaction is not None and not dry_run:
                 self._quiet[ident] = before  # nothing worth rewriting: see _too_many_files
         if not report.committed and (before.manifests > cfg.max_manifests or not due_only):
-            merged = self._step(report, lambda: self._merge_manifests(table, dry_run))
+            merged = self._step(report, lambda: self._merge_manifests(table, dry_run, guard))
             if merged is not None and merged[0] != merged[1]:
                 report.manifests_merged = merged
                 report.committed = report.committed or not dry_run
         if expire_due or not due_only:
-            report.expiry = self._step(
-                report,
-                lambda: expire_and_delete(
-                    table,
-                    older_than=self._cutoff(now),
-                    retain_last=cfg.retain_snapshots,
-                    dry_run=dry_run,
-                ),
-            )
+            report.expiry = self._step(report, lambda: self._expire(table, now, dry_run, guard))
         if sweep_due or not due_only:
             report.orphans = self._step(
                 report,
@@ -257,16 +266,34 @@ class Maintainer:
             table.metadata, older_than=self._cutoff(now), retain_last=self.config.retain_snapshots
         )
 
-    def _compact(self, table: Table, dry_run: bool, ratio: float | None) -> CompactionOutcome:
+    def _guard(self, ident: TableIdentifier) -> Guard:
+        if self.locks is None:
+            return contextlib.nullcontext
+        locks = self.locks
+        return lambda: locks.committing(ident)
+
+    def _compact(
+        self, table: Table, dry_run: bool, ratio: float | None, guard: Guard
+    ) -> CompactionOutcome:
         return compact(
             table,
             self.spark,
             target_file_size=self.config.target_file_size,
             file_delete_ratio=self.config.file_delete_ratio if ratio is None else ratio,
             dry_run=dry_run,
+            guard=guard,
         )
 
-    def _merge_manifests(self, table: Table, dry_run: bool) -> tuple[int, int]:
+    def _expire(self, table: Table, now: float, dry_run: bool, guard: Guard) -> ExpiryOutcome:
+        with guard():
+            return expire_and_delete(
+                table,
+                older_than=self._cutoff(now),
+                retain_last=self.config.retain_snapshots,
+                dry_run=dry_run,
+            )
+
+    def _merge_manifests(self, table: Table, dry_run: bool, guard: Guard) -> tuple[int, int]:
         """Rewrite the current snapshot's manifests as one data and one delete manifest
         (a ``replace`` snapshot with the same files)."""
         snapshot = table.current_snapshot()
@@ -278,7 +305,8 @@ class Maintainer:
             return (len(manifests), len(manifests))
         if dry_run:
             return (len(manifests), len(contents))
-        commit_rewrite(table, base_snapshot_id=snapshot.snapshot_id)
+        with guard():
+            commit_rewrite(table, base_snapshot_id=snapshot.snapshot_id)
         after = table.current_snapshot()
         assert after is not None
         return (len(manifests), len(after.manifests(table.io)))

@@ -1,0 +1,59 @@
+"""Maintenance beside the apply: its own thread and its own Spark scheduler pool.
+
+A committed batch is acknowledged at once and the next batch starts at once, whatever
+maintenance is doing: compaction, manifest merges and expiry run on this thread, their
+Spark jobs in the ``maintenance`` pool (the session schedules pools fairly, so apply
+tasks do not queue behind a compaction's), and each of their commits holds the
+table's lock (``sink/locks.py``) so that it never lands between an apply's planning
+and its commit. One run at a time: a run is started after a batch when none is
+running; a table whose thresholds are still exceeded is looked at again next time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from sparkapply.maintain.maintainer import Maintainer, MaintenanceReport
+from sparkapply.sink.tables import TableIdentifier
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundMaintenance:
+    def __init__(
+        self, maintainer: Maintainer, tables: Callable[[], Sequence[TableIdentifier]]
+    ) -> None:
+        self.maintainer = maintainer
+        self.tables = tables
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkapply-maintain")
+        self._running: Future[list[MaintenanceReport]] | None = None
+        self.runs = 0  # runs finished (for tests and status)
+
+    def poke(self) -> None:
+        """Start a run unless one is running; re-raises what a finished run raised
+        (a failed step is logged by the maintainer; only a bug arrives here)."""
+        if self._running is not None:
+            if not self._running.done():
+                return
+            self._finish()
+        self._running = self._pool.submit(self._run)
+
+    def _finish(self) -> None:
+        assert self._running is not None
+        running, self._running = self._running, None
+        running.result()
+        self.runs += 1
+
+    def _run(self) -> list[MaintenanceReport]:
+        return self.maintainer.run_due(self.tables())
+
+    def close(self) -> None:
+        """Wait for the run in progress (a kill at any point is safe; a clean stop
+        lets it finish) and stop the thread."""
+        try:
+            if self._running is not None:
+                self._finish()
+        finally:
+            self._pool.shutdown(wait=True)
