@@ -1,17 +1,34 @@
-"""Independent readers of the mirror: DuckDB's iceberg extension (from PyPI), beside
-pyiceberg's own scan. Every table sparkapply writes must read the same in both."""
+"""Independent readers of the mirror, beside pyiceberg's own scan: DuckDB's iceberg
+extension (from PyPI) and iceberg-rust (pyiceberg-core's DataFusion table provider).
+Every table sparkapply writes must read the same in all three: a spec slip (a missing
+name mapping, a wrong physical type, a delete file another engine resolves differently)
+shows up in one of them.
+
+Each reader returns Arrow in its own representation. :func:`conform` turns a reader's
+table into the Arrow schema pyiceberg gives, so that the Python values compare; it
+accepts only the differences listed there, which are representation only (the same
+values, typed differently), and fails on any other type difference.
+"""
 
 from __future__ import annotations
 
 import glob
+import itertools
 import os
-from types import ModuleType
+import uuid
+from collections.abc import Callable
+from types import ModuleType, TracebackType
 
+import datafusion
 import duckdb
 import duckdb_extension_avro
 import duckdb_extension_iceberg
 import pyarrow as pa
 from pyiceberg.table import Table
+from pyiceberg.types import ListType
+
+READERS = ("duckdb", "iceberg-rust")
+"""The readers beside pyiceberg, by the names messages use."""
 
 
 def _extension(module: ModuleType, name: str) -> str:
@@ -28,11 +45,181 @@ def duckdb_connection() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def read_with_duckdb(table: Table) -> pa.Table:
-    """The table's current snapshot as DuckDB's iceberg_scan reads it."""
-    con = duckdb_connection()
+def read_with_duckdb(table: Table, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
+    """The table's current snapshot as DuckDB's iceberg_scan reads it (on ``con``, or on
+    a connection of its own)."""
+    own = con is None
+    con = duckdb_connection() if con is None else con
     try:
         location = table.metadata_location.replace("'", "''")
         return con.execute(f"SELECT * FROM iceberg_scan('{location}')").to_arrow_table()
     finally:
-        con.close()
+        if own:
+            con.close()
+
+
+_names = itertools.count()
+
+
+def read_with_iceberg_rust(
+    table: Table,
+    ctx: datafusion.SessionContext | None = None,
+    columns: list[str] | None = None,
+) -> pa.Table:
+    """The table's current snapshot (``columns`` of it, or all) as iceberg-rust reads it:
+    pyiceberg's ``Table.__datafusion_table_provider__`` hands DataFusion pyiceberg-core's
+    ``IcebergDataFusionTable`` for the same metadata file (on ``ctx``, or on a context
+    of its own)."""
+    ctx = datafusion.SessionContext() if ctx is None else ctx
+    name = f"t{next(_names)}"
+    ctx.register_table(name, table)
+    try:
+        frame = ctx.table(name)
+        if columns is not None:
+            frame = frame.select(*columns)
+        return frame.to_arrow_table()
+    finally:
+        ctx.deregister_table(name)
+
+
+def unreadable(reader: str, table: Table) -> list[str]:
+    """The columns of ``table`` that ``reader`` cannot read at all: known limitations of
+    the reader, not of the table. They are left out of that reader's comparison only.
+
+    iceberg-rust: list columns. Its Parquet reader (iceberg-rust 0.10, in pyiceberg-core
+    0.10.1; still so on its main branch) applies the table's name mapping to top-level
+    columns only (``apply_name_mapping_to_arrow_schema``), so in a file written without
+    field ids (every data file sparkapply writes, resolved through the name mapping as
+    the spec allows) a list's element gets no id. The reader then takes the list for a
+    column added after the file was written and fails to make a column of nulls for it:
+    "unexpected target column type List(Int32, field: 'element', …)". Upstream:
+    apache/iceberg-rust#1845 (nested types in ArrowReader name mapping, open).
+    """
+    if reader == "iceberg-rust":
+        return [f.name for f in table.schema().fields if isinstance(f.field_type, ListType)]
+    return []
+
+
+class Readers:
+    """One DuckDB connection and one DataFusion context, for reading several tables."""
+
+    def __init__(self) -> None:
+        self._duckdb = duckdb_connection()
+        self._datafusion = datafusion.SessionContext()
+
+    def read(self, reader: str, table: Table) -> pa.Table:
+        """``table`` as ``reader`` (one of :data:`READERS`) reads it, in the reader's own
+        representation, without the columns it cannot read (:func:`unreadable`)."""
+        skip = unreadable(reader, table)
+        columns = [f.name for f in table.schema().fields if f.name not in skip]
+        if reader == "duckdb":
+            arrow = read_with_duckdb(table, self._duckdb)
+            return arrow.select(columns) if skip else arrow
+        if reader == "iceberg-rust":
+            return read_with_iceberg_rust(table, self._datafusion, columns if skip else None)
+        raise ValueError(f"no reader {reader!r}")
+
+    def read_like(self, reader: str, table: Table, like: pa.Schema, name: str) -> pa.Table:
+        """:meth:`read`, conformed to pyiceberg's schema ``like`` (:func:`conform`), less
+        the columns the reader cannot read; ``name`` is the table in messages."""
+        arrow = self.read(reader, table)
+        skip = unreadable(reader, table)
+        kept = pa.schema([f for f in like if f.name not in skip])
+        return conform(arrow, kept, reader, name)
+
+    def close(self) -> None:
+        self._duckdb.close()
+
+    def __enter__(self) -> Readers:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# CONFORMING A READER'S ARROW TO PYICEBERG'S
+#
+# Representation only (the same values, another Arrow type), accepted and converted:
+# - string, binary: DuckDB and DataFusion give 32-bit offsets (string, binary), pyiceberg
+#   64-bit ones (large_string, large_binary);
+# - list: likewise list against large_list, and another element field name (DuckDB "l",
+#   DataFusion and pyiceberg "element"); elements are conformed the same way;
+# - uuid: pyiceberg gives the arrow.uuid extension type, DataFusion its storage
+#   (fixed_size_binary(16)), DuckDB the canonical text form ('6f059f3b-275a-…');
+# - timestamptz: the same UTC instants, with the zone spelled "UTC" (pyiceberg),
+#   "+00:00" (DataFusion) or "Etc/UTC" (DuckDB);
+# - Parquet field-id metadata on DataFusion's fields.
+# Anything else that differs in type fails: it is no representation a reader is known
+# to choose, so it may be a real difference in what the reader found in the files.
+
+_UTC = frozenset({"UTC", "+00:00", "Etc/UTC", "Z"})
+
+
+def _same_timestamps(source: pa.DataType, target: pa.TimestampType) -> bool:
+    """Whether ``source`` is ``target`` with another spelling of UTC."""
+
+    def zone(tz: str | None) -> str | None:
+        return "UTC" if tz in _UTC else tz
+
+    return (
+        pa.types.is_timestamp(source)
+        and source.unit == target.unit
+        and zone(source.tz) == zone(target.tz)
+    )
+
+
+def _uuid_bytes(text: object) -> bytes | None:
+    return None if text is None else uuid.UUID(str(text)).bytes
+
+
+def _conform_array(arr: pa.Array, target: pa.DataType, where: Callable[[], str]) -> pa.Array:
+    source = arr.type
+    if source == target:
+        return arr
+    if isinstance(target, pa.UuidType):
+        if pa.types.is_fixed_size_binary(source) and source.byte_width == 16:
+            return pa.ExtensionArray.from_storage(target, arr)
+        if pa.types.is_string(source) or pa.types.is_large_string(source):
+            storage = pa.array([_uuid_bytes(v) for v in arr.to_pylist()], pa.binary(16))
+            return pa.ExtensionArray.from_storage(target, storage)
+    elif pa.types.is_large_list(target):
+        if pa.types.is_list(source) or pa.types.is_large_list(source):
+            values = _conform_array(arr.values, target.value_type, where)
+            offsets = arr.offsets.cast(pa.int64())
+            mask = arr.is_null() if arr.null_count else None
+            return pa.LargeListArray.from_arrays(offsets, values, type=target, mask=mask)
+    elif pa.types.is_large_string(target):
+        if pa.types.is_string(source) or pa.types.is_string_view(source):
+            return arr.cast(target)
+    elif pa.types.is_large_binary(target):
+        if pa.types.is_binary(source) or pa.types.is_binary_view(source):
+            return arr.cast(target)
+    elif pa.types.is_timestamp(target) and _same_timestamps(source, target):
+        return arr.cast(target)
+    raise AssertionError(f"{where()}: read as {source}, pyiceberg reads {target}")
+
+
+def conform(arrow: pa.Table, like: pa.Schema, reader: str, table: str) -> pa.Table:
+    """``arrow``, as ``reader`` read ``table``, in pyiceberg's schema ``like``: the same
+    columns in the same order, with the representation-only differences above undone."""
+    missing = [n for n in like.names if n not in arrow.column_names]
+    extra = [n for n in arrow.column_names if n not in like.names]
+    assert not missing and not extra, (
+        f"{reader} reads {table} with other columns than pyiceberg: "
+        f"missing {missing}, extra {extra}"
+    )
+    columns = []
+    for field in like:
+        column = arrow.column(field.name)
+
+        def where(name: str = field.name) -> str:
+            return f"{reader} {table}.{name}"
+
+        chunks = [_conform_array(c, field.type, where) for c in column.chunks]
+        columns.append(pa.chunked_array(chunks, type=field.type))
+    return pa.Table.from_arrays(columns, schema=like)

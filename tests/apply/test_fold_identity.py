@@ -3,6 +3,7 @@ and refuses an UPDATE or DELETE for a table without identity, naming where."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ from sparkapply.apply.fold import TxnInput, fold_table
 from sparkapply.changes.spool import SpoolSegment, SpoolWriter
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.errors import ApplyError
-from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
+from tests.plan.test_graph import txn
 
 
 def relation(identity: str, key: tuple[str, ...]) -> m.Relation:
@@ -80,30 +81,17 @@ def test_mixed_identities_in_one_transaction(tmp_path: Path) -> None:
     assert [image for (_, image) in delta.removes] == [(b"4", b"40")]
 
 
-def committed(
-    xid: int, relations: tuple[m.Relation, ...], inside: tuple[m.Relation, ...]
-) -> CommittedTxn:
-    return CommittedTxn(
-        xid=xid,
-        commit_lsn=Lsn(xid),
-        end_lsn=Lsn(xid + 1),
-        commit_time=0,
-        kind="commit",
-        segments=(),
-        relation_ids=frozenset({7}),
-        relations={7: r for r in relations},
-        relation_messages=inside,
-        n_changes=1,
-    )
+def committed(xid: int, start: m.Relation, inside: tuple[m.Relation, ...]) -> CommittedTxn:
+    return dataclasses.replace(txn(xid, xid, 7), relations={7: start}, relation_messages=inside)
 
 
 def test_a_batch_is_cut_where_a_table_changes_identity() -> None:
     batch = [
-        committed(1, (BY_A,), ()),
-        committed(2, (BY_A,), ()),
-        committed(3, (BY_A,), (FULL,)),  # ALTER ... REPLICA IDENTITY FULL before it
-        committed(4, (FULL,), ()),
-        committed(5, (FULL,), (BY_B,)),
+        committed(1, BY_A, ()),
+        committed(2, BY_A, ()),
+        committed(3, BY_A, (FULL,)),  # ALTER ... REPLICA IDENTITY FULL before it
+        committed(4, FULL, ()),
+        committed(5, FULL, (BY_B,)),
     ]
     parts = identity_epochs(batch)
     assert [[t.xid for t in p] for p in parts] == [[1, 2], [3, 4], [5]]
