@@ -164,7 +164,7 @@ class Subscriber:
                         break
                 except SparkapplyError as exc:
                     # By kind, not by class: whatever may succeed when tried again is.
-                    if exc.kind is not ErrorKind.TRANSIENT and not isinstance(exc, InternalError):
+                    if exc.kind is not ErrorKind.TRANSIENT:
                         raise
                     if self.summary.flushed > flushed:
                         backoff = 1.0  # the session made progress: not a persistent fault

@@ -52,8 +52,24 @@ def _uri(where: str, path: str) -> str:
 
 
 def read_parquet(file_uri: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """``columns`` of a data file, in that order. A column the file does not have (it
+    was added to the table after the file was written) reads as nulls, as Iceberg
+    readers read it (typed null: it matches no key and no image value)."""
     fs, path = filesystem(file_uri)
-    return pq.read_table(path, filesystem=fs, columns=list(columns) if columns else None)
+    wanted = list(columns) if columns else None
+    try:
+        return pq.read_table(path, filesystem=fs, columns=wanted)
+    except pa.ArrowInvalid:
+        if wanted is None:
+            raise
+    present = set(pq.read_schema(path, filesystem=fs).names)
+    table = pq.read_table(path, filesystem=fs, columns=[c for c in wanted if c in present])
+    return pa.table(
+        {
+            c: table.column(c) if c in present else pa.nulls(table.num_rows, pa.null())
+            for c in wanted
+        }
+    )
 
 
 class TableWriter:

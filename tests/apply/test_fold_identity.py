@@ -127,3 +127,24 @@ def test_a_bug_in_a_task_names_table_and_lsns_and_offers_no_skip(tmp_path: Path)
     assert error.context["table"] == "public.t"
     assert error.context["lsns"] == "0/3A1C1A0..0/3A1C1A0"
     assert "skip" not in str(error) and "bug in sparkapply" in str(error)
+
+
+def test_a_new_key_is_located_in_files_written_before_its_column(tmp_path: Path) -> None:
+    """The key moved to a column added later: files written before it have no such
+    column, read as nulls (no match), while newer files are searched as usual."""
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparkapply.apply.locate import locate_keys
+    from sparkapply.sink.files import DataFileInfo
+
+    old, new = tmp_path / "old.parquet", tmp_path / "new.parquet"
+    pq.write_table(pa.table({"id": [1, 2]}), old)
+    ids = [uuid.uuid4().bytes for _ in range(3)]
+    pq.write_table(pa.table({"id": [3, 4, 5], "uid": pa.array(ids, pa.binary(16))}), new)
+    files = [DataFileInfo(f"file://{p}", 2, 1) for p in (old, new)]
+    wanted = pa.ExtensionArray.from_storage(pa.uuid(), pa.array([ids[1]], pa.binary(16)))
+    found = locate_keys([wanted], ["uid"], files, [])
+    assert {p: list(v) for p, v in found.items()} == {f"file://{new}": [1]}
