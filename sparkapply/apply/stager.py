@@ -236,14 +236,16 @@ class Stager:
             if self._inflight and self._inflight + size > self.inflight_bytes:
                 return
             self._inflight += size
-        relations = relations_at(start)  # what the task starts from
         # Which table each relation is: every relation the transaction changed by the
-        # piece's end is described by then.
+        # piece's end is described by then. A transaction whose tables cannot be staged
+        # (a reload: TRUNCATE, then inserts) comes here at every chunk, each time from
+        # the same start: all of this costs in its relations, not in its chunks so far.
         tables = self._tables(state, relations_at(end), relation_ids, frozenset(mutated))
         if not tables:  # nothing here could be used: no job, and the next piece
             with self._lock:  # starts where this one would have
                 self._inflight -= size
             return
+        relations = relations_at(start)  # what the task starts from
         segment = SpoolSegment(path, start, end)
         prefix = f"sparkapply-staged-{uuid.uuid4().hex[:16]}-"
         tables = tuple(dataclasses.replace(t, prefix=prefix) for t in tables)
@@ -257,9 +259,9 @@ class Stager:
         state = self._open.get(xid)
         if state is None:
             return
-        keep = [p for p in state.pieces if p.segment.end <= offset]
-        lost = state.pieces[len(keep) :]
-        state.pieces = keep
+        lost: list[Piece] = []
+        while state.pieces and state.pieces[-1].segment.end > offset:  # costs what it drops
+            lost.append(state.pieces.pop())
         self._discard(lost)
 
     def dropped(self, xid: int, *, for_good: bool = False) -> None:

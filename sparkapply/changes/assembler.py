@@ -18,6 +18,10 @@ STREAMED TRANSACTIONS
     stale description is corrected by the one pgoutput resends after the invalidation
     that a rolled-back DDL causes. TRUNCATE and row changes are discarded.
 
+    pgoutput may also send the same RELATION again in every chunk (after a TRUNCATE in
+    the transaction); what is done per chunk and per abort costs in the transaction's
+    distinct descriptions, never in its messages so far (``catalog_history.py``).
+
 ORDINARY TRANSACTIONS
     arrive whole and contiguous; they are appended to a shared spool file and
     referenced by byte range, so small transactions cost no file each.
@@ -47,10 +51,11 @@ import logging
 import struct
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from sparkapply.changes.catalog_history import CatalogHistory, without_xid
 from sparkapply.changes.prepared import PreparedEntry, PreparedStore
 from sparkapply.changes.progress import Progress
 from sparkapply.changes.spool import RECORD_OVERHEAD, SpoolDirectory, SpoolWriter
@@ -85,18 +90,21 @@ class _OpenTxn:
     start: int
     relation_ids: set[int] = field(default_factory=set)
     relation_messages: list[m.Relation] = field(default_factory=list)
-    # (offset, payload, in_stream) of RELATION/TYPE records, for subxact truncation.
-    catalog_records: list[tuple[int, bytes, bool]] = field(default_factory=list)
-    subxacts: list[tuple[int, int]] = field(default_factory=list)  # (subxid, offset)
-    subxact_ids: set[int] = field(default_factory=set)
+    # subxid -> offset of its first change, in the order they started: an abort pops
+    # its subtransaction and every later one from the end.
+    subxacts: dict[int, int] = field(default_factory=dict)
     # Cache entries in effect when the transaction first touched each relation.
     start_relations: dict[int, m.Relation] = field(default_factory=dict)
+    history: CatalogHistory = field(init=False)
     streamed: bool = False
     n_changes: int = 0
     has_truncate: bool = False
     mutated: set[int] = field(default_factory=set)  # relids with UPDATE/DELETE/TRUNCATE
     stage_mark: int = 0  # spool offset when the stager was last offered a piece
     prepare: m.BeginPrepare | None = None  # set for Begin Prepare … Prepare
+
+    def __post_init__(self) -> None:
+        self.history = CatalogHistory(self.start_relations)
 
 
 class StreamStager(Protocol):
@@ -277,7 +285,7 @@ class Assembler:
             return i
         n = len(frames)
         top = txn.xid
-        subxact_ids = txn.subxact_ids
+        subxacts = txn.subxacts
         relation_ids = txn.relation_ids
         mutated = txn.mutated
         pos = txn.writer.offset
@@ -294,9 +302,8 @@ class Assembler:
                 break
             if in_stream:
                 xid, relid = pair(frame, header + 1)
-                if xid != top and xid not in subxact_ids:
-                    subxact_ids.add(xid)
-                    txn.subxacts.append((xid, pos))  # where the subtransaction starts
+                if xid != top and xid not in subxacts:
+                    subxacts[xid] = pos  # where the subtransaction starts
             else:
                 relid = single(frame, header + 1)[0]
             if relid not in relation_ids:
@@ -391,9 +398,8 @@ class Assembler:
     @staticmethod
     def _note_subxact(txn: _OpenTxn, xid: int) -> None:
         # Called before appending a change of ``xid``: remember where it starts.
-        if xid != txn.xid and xid not in txn.subxact_ids:
-            txn.subxact_ids.add(xid)
-            txn.subxacts.append((xid, txn.writer.offset))
+        if xid != txn.xid and xid not in txn.subxacts:
+            txn.subxacts[xid] = txn.writer.offset
 
     def _touch(self, txn: _OpenTxn, relid: int) -> None:
         if relid not in txn.start_relations:
@@ -430,19 +436,20 @@ class Assembler:
             else:
                 self.types[msg.type_oid] = msg
             return
+        described = without_xid(msg)
+        if txn.history.repeats(described):
+            return  # already in effect (pgoutput resends it per chunk): nothing to replay
+        earlier = txn.history.latest(described)
         offset = txn.writer.append(payload, in_stream)
-        txn.catalog_records.append((offset, bytes(payload), in_stream))
-        if isinstance(msg, m.Relation):
-            rel = replace(msg, xid=None)
-            if in_stream and self.stager is not None:
-                earlier = [r for r in txn.relation_messages if r.relation_id == rel.relation_id]
-                if earlier and earlier[-1] != rel:  # DDL inside the transaction
-                    self.stager.dropped(txn.xid, for_good=True)
-            txn.relation_messages.append(rel)
+        txn.history.add(offset, bytes(payload), in_stream, described)
+        if isinstance(described, m.Relation):
+            if in_stream and self.stager is not None and earlier is not None:
+                self.stager.dropped(txn.xid, for_good=True)  # DDL inside the transaction
+            txn.relation_messages.append(described)
             if not in_stream:
-                self.relations[rel.relation_id] = rel  # takes effect now (see RELATION CACHE)
+                self.relations[described.relation_id] = described  # see RELATION CACHE
         elif not in_stream:
-            self.types[msg.type_oid] = msg
+            self.types[described.type_oid] = described
 
     def _begin(self, xid: int, prepare: m.BeginPrepare | None = None) -> None:
         if self._current is not None:
@@ -489,21 +496,17 @@ class Assembler:
             if self.stager is not None:
                 self.stager.dropped(msg.xid)
             return
-        i = next((n for n, (s, _) in enumerate(txn.subxacts) if s == msg.subxid), None)
-        if i is None:
+        offset = txn.subxacts.get(msg.subxid)
+        if offset is None:
             return  # a subtransaction that changed nothing we were sent
-        offset = txn.subxacts[i][1]
-        for subxid, _ in txn.subxacts[i:]:
-            txn.subxact_ids.discard(subxid)
-        del txn.subxacts[i:]
-        keep = [r for r in txn.catalog_records if r[0] < offset]
-        lost = [r for r in txn.catalog_records if r[0] >= offset]
+        while txn.subxacts.popitem()[0] != msg.subxid:
+            pass  # those that started after it are nested in it (see the module's doc)
         txn.writer.truncate(offset)
         if self.stager is not None:
             self.stager.truncated(txn.xid, offset)
-        for _, payload, in_stream in lost:
-            keep.append((txn.writer.append(payload, in_stream), payload, in_stream))
-        txn.catalog_records = keep
+        for record in txn.history.cut(offset):
+            start = txn.writer.append(record.payload, record.in_stream)
+            txn.history.add(start, record.payload, record.in_stream, record.message)
 
     def _commit(
         self, txn: _OpenTxn, commit_lsn: int, end_lsn: int, commit_time: int, kind: TxnKind
@@ -514,7 +517,7 @@ class Assembler:
         if kind == "stream":
             txn.writer.close()
             if self.stager is not None:
-                staged = self.stager.committed(txn.xid, path, segment.end, self._relations_at(txn))
+                staged = self.stager.committed(txn.xid, path, segment.end, txn.history.relations_at)
         self.spool.hold(path)
         committed = CommittedTxn(
             xid=txn.xid,
@@ -598,29 +601,9 @@ class Assembler:
             str(txn.writer.path),
             txn.writer.offset,
             sorted(txn.relation_ids),
-            self._relations_at(txn),
+            txn.history.relations_at,
             sorted(txn.mutated),
         )
-
-    def _relations_at(self, txn: _OpenTxn) -> Callable[[int], tuple[m.Relation, ...]]:
-        """The descriptions an executor reading ``txn``'s spool from an offset starts
-        with: the cache entries at its first changes, then its own RELATION messages
-        before that offset (they are replayed in place after it)."""
-        decoders = {
-            flag: Decoder(self.proto_version, self.streaming, in_stream=flag)
-            for flag in (False, True)
-        }
-
-        def at(offset: int) -> tuple[m.Relation, ...]:
-            rels = dict(txn.start_relations)
-            for start, payload, in_stream in txn.catalog_records:
-                if start < offset and payload[:1] == b"R":
-                    rel = decoders[in_stream].decode(payload)
-                    if isinstance(rel, m.Relation):
-                        rels[rel.relation_id] = replace(rel, xid=None)
-            return tuple(rels.values())
-
-        return at
 
     def _encode(self, rel: m.Relation) -> bytes:
         return encode(rel, proto_version=self.proto_version, streaming=self.streaming)

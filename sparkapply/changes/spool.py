@@ -37,6 +37,7 @@ from sparkapply.errors import StateError
 _HEADER = struct.Struct("!IB")
 FLAG_IN_STREAM = 1
 RECORD_OVERHEAD = _HEADER.size  # bytes a record adds to its payload
+_INDEX_STEP = 64  # index entries a truncation reads back first (then twice as many)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +98,27 @@ class SpoolWriter:
         self.offset = offset
         keep = bisect.bisect_left(self._pending, offset)
         del self._pending[keep:]
+        self._cut_index(offset)
+
+    def _cut_index(self, offset: int) -> None:
+        """Drop the index entries of records from ``offset`` on. A transaction may
+        abort a subtransaction at every chunk, so this reads the sorted entries back
+        from the end only as far as the cut, not the whole index each time."""
         self._idx.flush()
-        written = np.fromfile(self._idx.name, dtype="<i8")
-        n = int(np.searchsorted(written, offset, "left"))
-        if n < len(written):
-            self._idx.truncate(n * 8)
-            self._idx.seek(n * 8)
+        fd = self._idx.fileno()
+        n = os.fstat(fd).st_size // 8
+        keep, step = n, _INDEX_STEP
+        while keep:
+            lo = max(0, keep - step)
+            block = np.frombuffer(os.pread(fd, (keep - lo) * 8, lo * 8), dtype="<i8")
+            below = int(np.searchsorted(block, offset, "left"))
+            keep = lo + below
+            if below:
+                break
+            step *= 2
+        if keep < n:
+            self._idx.truncate(keep * 8)
+            self._idx.seek(keep * 8)
 
     def _write_index(self) -> None:
         if self._pending:
