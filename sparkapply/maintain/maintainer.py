@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from sparkapply.config import MaintenanceConfig
-from sparkapply.errors import ErrorKind, SparkapplyError
+from sparkapply.errors import CommitConflictError, ErrorKind, SparkapplyError
 from sparkapply.maintain.compact import CompactionOutcome, compact
 from sparkapply.maintain.plan import Health, health
 from sparkapply.sink.locks import TableLocks
@@ -67,8 +67,28 @@ T = TypeVar("T")
 
 SCHEDULER_POOL = "maintenance"
 
+# Runs in a row whose commit found the table moved by the apply before the next run
+# holds the table throughout: beside a steady stream of batches on a hot table, an
+# unlocked compaction would lose every race and the table's files would only grow.
+LOST_RACES_BEFORE_HOLDING = 2
+
 # Held around one commit of a table (sink/locks.py); a no-op when run alone.
 Guard = Callable[[], AbstractContextManager[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """The maintenance steps a table's thresholds call for."""
+
+    by_ratio: bool  # over the table-wide delete ratio
+    compact: bool
+    merge: bool
+    expire: bool
+    sweep: bool
+
+    @property
+    def anything(self) -> bool:
+        return self.compact or self.merge or self.expire or self.sweep
 
 
 @dataclass(slots=True)
@@ -86,6 +106,7 @@ class MaintenanceReport:
     seconds: float = 0.0
     committed: bool = False  # a snapshot was committed: drop cached table objects
     errors: list[str] = field(default_factory=list)
+    lost_race: bool = False  # a commit found the table moved by the apply
 
     def summary(self) -> str:
         after = self.after or self.before
@@ -146,6 +167,7 @@ class Maintainer:
         self._last_sweep: dict[TableIdentifier, float] = {}
         self._tolerant = False  # between batches: a failed step is logged, not raised
         self._quiet: dict[TableIdentifier, Health] = {}  # health when a plan found nothing
+        self._lost: dict[TableIdentifier, int] = {}  # runs in a row that lost a race
 
     def spark(self) -> SparkSession:
         if self._spark is None:
@@ -190,29 +212,62 @@ class Maintainer:
     def _run(
         self, ident: TableIdentifier, *, dry_run: bool, due_only: bool
     ) -> MaintenanceReport | None:
-        cfg = self.config
         started = time.monotonic()
         table = self.catalog.load_table(ident)
         before = health(table)
         now = self.clock()
-        # (Unless the last plan found nothing: then the file counts decide; see below.)
-        by_ratio = before.delete_ratio > cfg.max_delete_ratio and ident not in self._quiet
-        compact_due = by_ratio or self._too_many_files(ident, before)
-        doomed = self._doomed(table, now)
-        expire_due = len(doomed) >= max(1, cfg.retain_snapshots // 10)
-        sweep_due = now - self._last_sweep.get(ident, float("-inf")) >= (
-            cfg.orphan_interval_seconds
-        )
-        if due_only and not (
-            compact_due or expire_due or sweep_due or before.manifests > cfg.max_manifests
-        ):
+        due = self._due(ident, table, before, now, every=not due_only)
+        if not due.anything:
             return None
         report = MaintenanceReport(".".join(ident), dry_run, before)
         self._tolerant = due_only
         guard = self._guard(ident)
-        if compact_due or not due_only:
+        if self._lost.get(ident, 0) >= LOST_RACES_BEFORE_HOLDING:
+            # A hot table: every batch commits before a compaction can, so this run
+            # holds the table from its plan to its last commit (the apply of that
+            # table waits for it, as it did when maintenance ran between batches).
+            with guard():
+                table = self.catalog.load_table(ident)
+                self._steps(report, ident, table, now, due, dry_run, contextlib.nullcontext)
+        else:
+            self._steps(report, ident, table, now, due, dry_run, guard)
+        self._lost[ident] = self._lost.get(ident, 0) + 1 if report.lost_race else 0
+        report.after = before if dry_run else health(self.catalog.load_table(ident))
+        report.seconds = time.monotonic() - started
+        logger.info("maintenance %s", report.summary())
+        return report
+
+    def _due(
+        self, ident: TableIdentifier, table: Table, before: Health, now: float, *, every: bool
+    ) -> Due:
+        """Which steps the thresholds call for (``every``: all of them, on demand)."""
+        cfg = self.config
+        # (Unless the last plan found nothing: then the file counts decide; see below.)
+        by_ratio = before.delete_ratio > cfg.max_delete_ratio and ident not in self._quiet
+        since_sweep = now - self._last_sweep.get(ident, float("-inf"))
+        return Due(
+            by_ratio=by_ratio,
+            compact=every or by_ratio or self._too_many_files(ident, before),
+            merge=every or before.manifests > cfg.max_manifests,
+            expire=every or len(self._doomed(table, now)) >= max(1, cfg.retain_snapshots // 10),
+            sweep=every or since_sweep >= cfg.orphan_interval_seconds,
+        )
+
+    def _steps(
+        self,
+        report: MaintenanceReport,
+        ident: TableIdentifier,
+        table: Table,
+        now: float,
+        due: Due,
+        dry_run: bool,
+        guard: Guard,
+    ) -> None:
+        cfg = self.config
+        before = report.before
+        if due.compact:
             # Over the table-wide ratio, files at that ratio are worth a rewrite too.
-            ratio = min(cfg.file_delete_ratio, cfg.max_delete_ratio) if by_ratio else None
+            ratio = min(cfg.file_delete_ratio, cfg.max_delete_ratio) if due.by_ratio else None
             report.compaction = self._step(
                 report, lambda: self._compact(table, dry_run, ratio, guard)
             )
@@ -221,14 +276,14 @@ class Maintainer:
                 self._quiet.pop(ident, None)
             elif report.compaction is not None and not dry_run:
                 self._quiet[ident] = before  # nothing worth rewriting: see _too_many_files
-        if not report.committed and (before.manifests > cfg.max_manifests or not due_only):
+        if not report.committed and due.merge:
             merged = self._step(report, lambda: self._merge_manifests(table, dry_run, guard))
             if merged is not None and merged[0] != merged[1]:
                 report.manifests_merged = merged
                 report.committed = report.committed or not dry_run
-        if expire_due or not due_only:
+        if due.expire:
             report.expiry = self._step(report, lambda: self._expire(table, now, dry_run, guard))
-        if sweep_due or not due_only:
+        if due.sweep:
             report.orphans = self._step(
                 report,
                 lambda: sweep_orphans(
@@ -239,10 +294,6 @@ class Maintainer:
             )
             if not dry_run:
                 self._last_sweep[ident] = now
-        report.after = before if dry_run else health(self.catalog.load_table(ident))
-        report.seconds = time.monotonic() - started
-        logger.info("maintenance %s", report.summary())
-        return report
 
     def _too_many_files(self, ident: TableIdentifier, h: Health) -> bool:
         """Over a file-count threshold, and, if the last plan found nothing worth
@@ -321,6 +372,7 @@ class Maintainer:
         except SparkapplyError as exc:
             if exc.kind is not ErrorKind.TRANSIENT and not self._tolerant:
                 raise
+            report.lost_race = report.lost_race or isinstance(exc, CommitConflictError)
             log = logger.warning if exc.kind is ErrorKind.TRANSIENT else logger.error
             log("maintenance of %s: %s (retried at the next run)", report.table, exc)
             report.errors.append(str(exc).splitlines()[0])

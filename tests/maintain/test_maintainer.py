@@ -185,3 +185,47 @@ def test_a_failed_step_between_batches_is_logged_not_raised(
     assert table.metadata_location == location and files(table) == listing
     with pytest.raises(SparkapplyError, match="compaction task failed"):
         m.run(ORDERS)
+
+
+def test_a_table_the_apply_always_beats_is_held_through_its_maintenance(
+    catalog: Catalog, orders: Table, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside the apply, a compaction commits only on the snapshot it planned on. On a
+    table where a batch commits before every compaction can, it loses; after two runs
+    that lost a race, the next run holds the table's lock from plan to commit, so it
+    lands (the batch waits for it) and the files stop growing."""
+    import threading
+
+    import sparkapply.maintain.compact as compact_module
+    from sparkapply.sink.locks import TableLocks
+
+    locks = TableLocks()
+    m = maintainer(catalog, spark, max_data_files=3)
+    m.locks = locks
+    churn(orders, 4)
+    lsn = iter(range(100, 200))
+    batches: list[threading.Thread] = []
+
+    def batch() -> None:
+        with locks.hold([ORDERS]):  # as the apply does, from plan to commit
+            table = catalog.load_table(ORDERS)
+            n = next(lsn)
+            commit_files(table, added=[write_orders(table, [n])], lsn=Lsn(n))
+
+    def a_batch_commits_first(name: str) -> None:  # just before the compaction commits
+        thread = threading.Thread(target=batch)
+        thread.start()
+        batches.append(thread)
+        if m._lost.get(ORDERS, 0) < 2:
+            thread.join()  # unlocked maintenance: the batch gets in first
+        # else the maintainer holds the table: the batch waits for its commit
+
+    monkeypatch.setattr(compact_module, "failpoint", a_batch_commits_first)
+    lost = [m.run_due([ORDERS])[0] for _ in range(2)]
+    held = m.run_due([ORDERS])[0]
+    for thread in batches:
+        thread.join()
+    assert all(r.lost_race and r.compaction is None for r in lost)
+    assert held.compaction is not None and held.compaction.snapshot_id is not None
+    assert not held.lost_race
+    assert applied_lsn(catalog.load_table(ORDERS)) == Lsn(102)  # every batch landed
