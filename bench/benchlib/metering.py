@@ -11,6 +11,7 @@ import bisect
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -53,13 +54,8 @@ def _stat_fields(path: str) -> list[str] | None:
     return stat[stat.rindex(")") + 2 :].split()
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds used so far by ``root`` and every process below it.
-
-    utime + stime of the live processes, plus cutime + cstime: what their children
-    that have exited and been waited for used (a walsender reaped by the postmaster,
-    pg_recvlogical reaped by us). Differences of two readings are what a run cost.
-    """
+def _proc_table() -> tuple[dict[int, int], dict[int, int]]:
+    """Every live process's parent, and its CPU ticks (utime stime cutime cstime)."""
     parent: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -70,16 +66,40 @@ def tree_cpu(root: int) -> float:
             continue
         pid = int(entry)
         parent[pid] = int(fields[1])
-        ticks[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        ticks[pid] = sum(int(x) for x in fields[11:15])
+    return parent, ticks
+
+
+def descendants(parent: Mapping[int, int], root: int) -> list[int]:
+    """``root`` and every process below it in ``parent`` (pid -> parent pid), parents
+    before their children."""
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
+    out, todo = [], [root]
     while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo.extend(children.get(pid, ()))
-    return total / _TICK
+        pid = todo.pop(0)
+        out.append(pid)
+        todo.extend(sorted(children.get(pid, ())))
+    return out
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` (if alive) and its live descendants, parents first. Found by parent
+    links, not process groups: Spark's Python worker daemon makes a group of its own."""
+    parent, _ = _proc_table()
+    return [pid for pid in descendants(parent, root) if pid in parent]
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds used so far by ``root`` and every process below it.
+
+    utime + stime of the live processes, plus cutime + cstime: what their children
+    that have exited and been waited for used (a walsender reaped by the postmaster,
+    pg_recvlogical reaped by us). Differences of two readings are what a run cost.
+    """
+    parent, ticks = _proc_table()
+    return sum(ticks.get(pid, 0) for pid in descendants(parent, root)) / _TICK
 
 
 @dataclass(slots=True)

@@ -95,3 +95,13 @@ def confirmed_flush(dsn: str, slot: str) -> Lsn:
         ).fetchone()
     assert row is not None and row[0] is not None
     return Lsn.parse(str(row[0]))
+
+
+# The live benchmarks (race, freshness): neither side fsyncs (see bench/README.md,
+# "Durability"). The publisher commits with synchronous_commit = on, so a committed
+# transaction's WAL is written (to the OS) when its COMMIT returns: what "written"
+# means to the freshness benchmark. The native subscriber's apply workers take the
+# subscription's own synchronous_commit (benchlib.live.NativeSubscription).
+LIVE_DURABILITY = {"fsync": "off", "synchronous_commit": "on", "full_page_writes": "off"}
+LIVE_PUBLISHER = {**SETTINGS, **LIVE_DURABILITY}
+LIVE_SUBSCRIBER = {**SUBSCRIBER_SETTINGS, **LIVE_DURABILITY}

@@ -100,6 +100,10 @@ class Backlog:
     start_lsn: Lsn = INVALID_LSN
     endpos: Lsn = INVALID_LSN  # the end marker: pg_recvlogical's --endpos
     target: Lsn = INVALID_LSN  # WAL insert position after the backlog
+    # WAL insert position right after the last transaction's commit (before the end
+    # marker): the end of that commit record, the position a consumer acknowledges
+    # once it has applied the backlog (the live benchmarks' target).
+    last_commit: Lsn = INVALID_LSN
     expected: Checksum | None = None
     table: str = ORDERS
     amount: str = "amount"  # the numeric column the checksum sums
@@ -124,6 +128,9 @@ class Backlog:
             "changes": self.changes,
             "transactions": self.transactions,
             "wal_bytes": self.wal_bytes,
+            "start_lsn": str(self.start_lsn),
+            "last_commit_lsn": str(self.last_commit),
+            "target_lsn": str(self.target),
             "write_seconds": round(self.seconds, 3),
             "expected": self.expected.as_json() if self.expected else None,
         }
@@ -163,6 +170,7 @@ def write_backlog(dsn: str, workload: str, rows: int, updates: int = 20_000) -> 
         else:
             _write_mixed(conn, b, rows)
         b.seconds = time.perf_counter() - t
+        b.last_commit = insert_lsn(conn)
         # pgoutput sends a non-transactional message at once, in an XLogData whose
         # position is the end of its record: the value this function returns.
         row = conn.execute(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import threading
@@ -10,7 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from benchlib.metering import CpuMeter, ThreadCpuSampler, loadavg
+from benchlib.applog import batch_of, parse_log, split, timeline
+from benchlib.freshness import lags, per_second_max, percentile, summary, tail
+from benchlib.live import sparkapply_config_text
+from benchlib.metering import CpuMeter, ThreadCpuSampler, descendants, loadavg, process_tree
+from benchlib.pgbench import figures
+from benchlib.race import order_of
 from benchlib.report import Output, print_table, uncommitted
 from benchlib.sparkapply_runs import executor_phases, phases
 
@@ -120,3 +126,126 @@ def test_table_heads_take_the_columns_alignment(capsys: pytest.CaptureFixture[st
         "a         1.50",
         "bb       12.25",
     ]
+
+
+# -- the live benchmarks' pure helpers (race_bench.py, fresh_bench.py) ----------------
+
+
+def test_a_process_tree_is_found_by_parent_links() -> None:
+    parent = {1: 0, 10: 1, 11: 10, 12: 10, 13: 12, 20: 1, 21: 20}
+    assert descendants(parent, 10) == [10, 11, 12, 13]
+    assert descendants(parent, 13) == [13]
+    assert descendants(parent, 99) == [99]  # gone: the caller filters by liveness
+    assert process_tree(os.getpid())[0] == os.getpid()
+
+
+def test_lag_is_the_time_from_written_to_durable() -> None:
+    times = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05]
+    written = [100, 200, 300, 300, 400, 400]
+    durable = [100, 100, 200, 300, 300, 400]
+    # sample 0: 100 already durable; 1: 200 durable at 0.02; 2 and 3: 300 at 0.03;
+    # 4: 400 at 0.05; sample 5 is outside the window.
+    got = lags(times, written, durable, 0.0, 0.04)
+    assert got == pytest.approx([0.0, 0.01, 0.01, 0.0, 0.01])
+    # Never before its own sample, even if the position was durable earlier.
+    assert lags([0.0, 1.0], [50, 50], [60, 60], 1.0, 1.0) == [0.0]
+    assert lags(times, written, [100] * 6, 0.0, 0.05)[1:] == [None] * 5
+    s = summary([0.5, None, 1.5, 1.0])
+    assert s == {"samples": 4, "unresolved": 1, "p50": 1.0, "p95": 1.45, "max": 1.5}
+    assert summary([])["p50"] is None
+
+
+def test_tail_and_percentiles() -> None:
+    times = [0.0, 1.0, 2.0, 3.0]
+    durable = [10, 20, 30, 40]
+    assert tail(times, durable, 1.5, 30) == pytest.approx(0.5)
+    assert tail(times, durable, 1.5, 20) == 0.5  # the first sample after the end
+    assert tail(times, durable, 0.0, 10) == 0.0
+    assert tail(times, durable, 1.5, 41) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([1.0, 2.0], 95) == pytest.approx(1.95)
+    assert percentile([7.0], 95) == 7.0
+    assert math.isnan(percentile([], 50))
+    assert per_second_max([0.1, 0.5, 1.2, 2.9], [0.2, 0.4, None, 0.1], 0.0) == [0.4, None, 0.1]
+
+
+LOG = """\
+2026-11-24 11:12:39,029 INFO sparkapply.subscriber: applied 546 transactions (2184 changes) \
+to 4 tables in 1.68s; flushed to 0/24271F0
+2026-11-24 11:12:40,245 INFO sparkapply.maintain.maintainer: maintenance public.t: files 3->1
+2026-11-24 11:12:40,544 INFO sparkapply.subscriber: applied 1 transactions (1000000 changes, \
+966256 rows staged while they arrived) to 1 tables in 1.33s; flushed to 0/2428280; plan 0.10s \
+job=0.85s
+2026-11-24 11:12:41,000 ERROR sparkapply: it failed
+Traceback (most recent call last):
+  File "x.py", line 1
+"""
+
+
+def test_the_log_of_a_live_run_is_read_back() -> None:
+    lines = parse_log(LOG)
+    assert [line.level for line in lines] == ["INFO", "INFO", "INFO", "ERROR"]
+    assert lines[3].message.endswith('File "x.py", line 1')  # continuation lines
+    assert lines[1].at - lines[0].at == pytest.approx(1.216)
+    assert batch_of(lines[0].message) == {
+        "transactions": 546,
+        "changes": 2184,
+        "staged_rows": 0,
+        "tables": 4,
+        "seconds": 1.68,
+        "flushed": "0/24271F0",
+    }
+    staged = batch_of(lines[2].message)
+    assert staged is not None
+    assert staged["staged_rows"] == 966256 and staged["phases"] == {"plan": 0.1, "job": 0.85}
+    assert batch_of(lines[1].message) is None
+    tl = timeline(lines, since=lines[1].at, until=lines[2].at)
+    assert [b["t"] for b in tl["batches"]] == [0.299]
+    assert tl["other"] == [
+        {
+            "t": 0.0,
+            "level": "INFO",
+            "logger": "sparkapply.maintain.maintainer",
+            "message": "maintenance public.t: files 3->1",
+        }
+    ]
+    assert tl["batch_seconds"] == 1.33
+    batches = [{"t": 2.0, "seconds": 1.5}, {"t": 3.0, "seconds": 0.5}]
+    assert split(batches, 3.2) == pytest.approx(
+        {"before_first_batch": 0.5, "batches": 2.0, "between_batches": 0.5, "ack_to_publisher": 0.2}
+    )
+    assert split([], 1.0) is None
+
+
+def test_the_race_runs_the_default_config(tmp_path: Path) -> None:
+    from sparkapply.config import load_config
+
+    text = sparkapply_config_text(tmp_path / "w", "host=127.0.0.1 port=5", "s1")
+    (tmp_path / "c.toml").write_text(text)
+    config = load_config(tmp_path / "c.toml", env={})
+    assert config.spark.master == "local[2]" and dict(config.spark.conf) == {}
+    assert config.maintenance.enabled and config.source.slot == "s1"
+    assert config.catalog_properties()["uri"] == f"sqlite:///{tmp_path}/w/catalog.db"
+    off = sparkapply_config_text(tmp_path / "w", "host=x", "s1", maintenance=False)
+    (tmp_path / "off.toml").write_text(off)
+    assert not load_config(tmp_path / "off.toml", env={}).maintenance.enabled
+    assert order_of("alternate", 0) == ("sparkapply", "native")
+    assert order_of("alternate", 1) == ("native", "sparkapply")
+    assert order_of("native", 0) == ("native", "sparkapply")
+
+
+def test_pgbench_output_is_read() -> None:
+    out = (
+        "number of transactions actually processed: 3026\n"
+        "number of failed transactions: 0 (0.000%)\n"
+        "latency average = 1.122 ms\n"
+        "rate limit schedule lag: avg 0.153 (max 2.1) ms\n"
+        "tps = 303.318562 (without initial connection time)\n"
+    )
+    assert figures(out) == {
+        "transactions": 3026.0,
+        "failed": 0.0,
+        "latency_ms": 1.122,
+        "schedule_lag_ms": 0.153,
+        "tps": 303.318562,
+    }
