@@ -127,8 +127,13 @@ class ReplicationStream:
         # or made durable moved, at most every STATUS_MIN_INTERVAL s. While a large
         # backlog streams in, its keepalive requests sit behind data in the socket;
         # these updates are what keep a short wal_sender_timeout from firing.
-        moved = self._flush_lsn > self._reported or self.last_received > self._reported_write
-        if due or (moved and now - self._last_status >= STATUS_MIN_INTERVAL):
+        # A durable position that moved is sent at once: the publisher's view of what
+        # the mirror holds (confirmed_flush_lsn, what users and lag monitors read)
+        # must not trail a committed batch by STATUS_MIN_INTERVAL. At most once per
+        # batch, or per keepalive while idle.
+        durable = self._flush_lsn > self._reported
+        moved = durable or self.last_received > self._reported_write
+        if due or durable or (moved and now - self._last_status >= STATUS_MIN_INTERVAL):
             self.send_status()
 
     def send_status(self, reply_requested: bool = False) -> None:

@@ -111,3 +111,41 @@ def test_reads_of_a_flowing_stream_are_paced_and_lose_nothing(pg_dsn: str) -> No
     ]
     assert paced, "no burst was followed by another read"
     assert min(paced) >= BURST_PACE
+
+
+def test_a_durable_position_reaches_the_publisher_at_once(pg_dsn: str) -> None:
+    """A batch made durable is reported with the next poll, even one right after the
+    last status update (confirmed_flush_lsn is what users and lag monitors read)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+    with ReplicationConnection(pg_dsn) as rc:
+        rc.execute(create_slot_command("s", two_phase=False))
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO t SELECT generate_series(1, 10)")
+        stream = ReplicationStream(rc)
+        stream.start(
+            start_replication_command("s", Lsn(0), ["pub"], Protocol(4, "parallel", False)),
+            Lsn(0),
+        )
+        deadline = time.monotonic() + 60
+        start = stream.last_received
+        committed = False
+        while not committed and time.monotonic() < deadline:
+            frames = stream.poll_burst(0.2)
+            committed = any(chr(f[XLOG_DATA_HEADER.size]) == "C" for f in frames)
+        assert committed and stream.last_received > start
+        stream.send_status()  # a status update just went out
+        stream.set_flush_lsn(stream.last_received)
+        stream.poll_burst(0.0)  # ... and at once the durable one, not 0.2 s later
+        target = str(stream.last_received)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            confirmed = None
+            while confirmed != target and time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots"
+                    " WHERE slot_name = 's'"
+                ).fetchone()
+                confirmed = row[0] if row else None
+                time.sleep(0.05)
+        assert confirmed == target
