@@ -130,11 +130,12 @@ class Subscriber:
                 self.config.sink.catalog_name, self.config.catalog_properties()
             )
         if self._spark is None:
-            from sparkapply.apply.session import get_session
+            from sparkapply.apply.session import get_session, warm_workers
 
             self._spark = get_session(
                 self.config.spark.master, self.config.spark.app_name, self.config.spark.conf
             )
+            warm_workers(self._spark)
         return self._spark, self._catalog
 
     def _target_lsn(self) -> Lsn:
@@ -351,13 +352,17 @@ class Subscriber:
         if self.on_batch is not None:
             self.on_batch(stats)
         log.info(
-            "applied %d transactions (%d changes%s) to %d tables in %.2fs; flushed to %s",
+            "applied %d transactions (%d changes%s) to %d tables in %.2fs; flushed to %s "
+            "(plan %.3fs, job %.3fs, commit %.3fs)",
             len(batch),
             stats.changes,
             f", {stats.staged_rows} rows staged while they arrived" if stats.staged_rows else "",
             stats.tables,
             seconds,
             flushed,
+            stats.plan_seconds,
+            stats.job_seconds,
+            stats.commit_seconds,
         )
 
     def _after_skip(

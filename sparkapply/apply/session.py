@@ -33,6 +33,8 @@ DEFAULT_CONF: Mapping[str, str] = {
     # Executors are Python-heavy; one task per core and reused workers.
     "spark.python.worker.reuse": "true",
     "spark.task.maxFailures": "1",
+    # Workers forked from a daemon that has imported the apply (apply/daemon.py).
+    "spark.python.daemon.module": "sparkapply.apply.daemon",
     # Maintenance runs its jobs beside the apply's, in a pool of its own: pools share
     # the cores fairly, so a compaction does not hold back a batch's tasks.
     "spark.scheduler.mode": "FAIR",
@@ -118,6 +120,17 @@ def get_session(
         # benchmarks) only its errors.
         spark.sparkContext.setLogLevel("WARN" if _LOGGING.verbose else "ERROR")
     return spark
+
+
+def warm_workers(spark: SparkSession) -> None:
+    """Start the worker daemon and a worker per core now (one task each), so that the
+    first batch does not wait for them."""
+    n = max(1, spark.sparkContext.defaultParallelism)
+    spark.sparkContext.parallelize(range(n), n).foreach(_nothing)
+
+
+def _nothing(_: object) -> None:
+    return None
 
 
 def _no_active_context() -> bool:
