@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
+from collections.abc import Iterator
 
 import psycopg
 
@@ -22,23 +24,32 @@ from sparkapply.source.stream import BURST_LINGER_BELOW, BURST_PACE, Replication
 TXNS = 400
 
 
-def test_a_trickle_of_small_transactions_arrives_whole_and_in_order(pg_dsn: str) -> None:
-    # 400 one-row transactions: the walsender flushes message by message, so most
-    # bursts are small and wait (``BURST_LINGER``) for more. Nothing may be lost,
-    # repeated or reordered across those waits.
+@contextlib.contextmanager
+def _stream_of(pg_dsn: str, *statements: str) -> Iterator[ReplicationStream]:
+    """A stream from a new slot on table ``t``, after ``statements`` ran (one
+    transaction each)."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
         conn.execute("CREATE PUBLICATION pub FOR TABLE t")
     with ReplicationConnection(pg_dsn) as rc:
         rc.execute(create_slot_command("s", two_phase=False))
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            for i in range(TXNS):
-                conn.execute("INSERT INTO t VALUES (%s)", (i,))
+            for statement in statements:
+                conn.execute(statement.encode())
         stream = ReplicationStream(rc)
         stream.start(
             start_replication_command("s", Lsn(0), ["pub"], Protocol(4, "parallel", False)),
             Lsn(0),
         )
+        yield stream
+
+
+def test_a_trickle_of_small_transactions_arrives_whole_and_in_order(pg_dsn: str) -> None:
+    # 400 one-row transactions: the walsender flushes message by message, so most
+    # bursts are small and wait (``BURST_LINGER``) for more. Nothing may be lost,
+    # repeated or reordered across those waits.
+    inserts = [f"INSERT INTO t VALUES ({i})" for i in range(TXNS)]
+    with _stream_of(pg_dsn, *inserts) as stream:
         tags: list[str] = []
         starts: list[int] = []
         bursts: list[int] = []
@@ -116,18 +127,7 @@ def test_reads_of_a_flowing_stream_are_paced_and_lose_nothing(pg_dsn: str) -> No
 def test_a_durable_position_reaches_the_publisher_at_once(pg_dsn: str) -> None:
     """A batch made durable is reported with the next poll, even one right after the
     last status update (confirmed_flush_lsn is what users and lag monitors read)."""
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
-    with ReplicationConnection(pg_dsn) as rc:
-        rc.execute(create_slot_command("s", two_phase=False))
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute("INSERT INTO t SELECT generate_series(1, 10)")
-        stream = ReplicationStream(rc)
-        stream.start(
-            start_replication_command("s", Lsn(0), ["pub"], Protocol(4, "parallel", False)),
-            Lsn(0),
-        )
+    with _stream_of(pg_dsn, "INSERT INTO t SELECT generate_series(1, 10)") as stream:
         deadline = time.monotonic() + 60
         start = stream.last_received
         committed = False
