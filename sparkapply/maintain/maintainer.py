@@ -9,7 +9,7 @@ read) and runs only what a threshold calls for, in this order:
 
 1. compaction, when the table has more than ``max_data_files`` data files, more than
    ``max_delete_files`` delete files, or more than ``max_delete_ratio`` of its rows
-   deleted by position deletes;
+   deleted by position deletes (and at least ``RATIO_MIN_DELETED_ROWS``);
 2. manifest merge, when the current snapshot has more than ``max_manifests`` manifests
    (a compaction merges them as it commits);
 3. expiry with file deletion, when at least a tenth of ``retain_snapshots`` (at least
@@ -71,6 +71,12 @@ SCHEDULER_POOL = "maintenance"
 # holds the table throughout: beside a steady stream of batches on a hot table, an
 # unlocked compaction would lose every race and the table's files would only grow.
 LOST_RACES_BEFORE_HOLDING = 2
+
+# The delete ratio calls for a compaction only once this many rows are deleted: a small
+# hot table (pgbench's branches: one row, updated by every batch) is over any ratio
+# after each batch, and rewriting it every second costs the apply CPU and lock waits
+# for nothing a reader would notice. Its file counts still bound it.
+RATIO_MIN_DELETED_ROWS = 10_000
 
 # Held around one commit of a table (sink/locks.py); a no-op when run alone.
 Guard = Callable[[], AbstractContextManager[None]]
@@ -243,7 +249,11 @@ class Maintainer:
         """Which steps the thresholds call for (``every``: all of them, on demand)."""
         cfg = self.config
         # (Unless the last plan found nothing: then the file counts decide; see below.)
-        by_ratio = before.delete_ratio > cfg.max_delete_ratio and ident not in self._quiet
+        by_ratio = (
+            before.delete_ratio > cfg.max_delete_ratio
+            and before.position_deletes >= RATIO_MIN_DELETED_ROWS
+            and ident not in self._quiet
+        )
         since_sweep = now - self._last_sweep.get(ident, float("-inf"))
         return Due(
             by_ratio=by_ratio,

@@ -75,6 +75,22 @@ def test_run_due_runs_what_the_thresholds_call_for(
     assert changed == [ORDERS]
 
 
+def test_a_small_table_over_the_delete_ratio_waits_for_the_file_counts(
+    catalog: Catalog, orders: Table, spark: Any
+) -> None:
+    """A hot small table is over any delete ratio after each batch; rewriting it then
+    would run after every batch. Its file counts decide instead."""
+    m = maintainer(catalog, spark, max_delete_ratio=0.01, max_delete_files=2)
+    churn(orders, 3)  # 2 of 31 rows deleted: over the ratio, 2 delete files
+    assert health(orders).delete_ratio > 0.01
+    (first,) = m.run_due([ORDERS])
+    assert first.compaction is None and not first.committed
+    churn(orders, 2, start_lsn=4)  # a third delete file
+    (second,) = m.run_due([ORDERS])
+    assert second.committed and second.compaction is not None
+    assert second.after is not None and second.after.delete_files == 0
+
+
 def test_manifests_are_merged(catalog: Catalog, orders: Table, spark: Any) -> None:
     churn(orders, 6)
     assert health(orders).manifests > 6
