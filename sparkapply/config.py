@@ -50,6 +50,8 @@ class SinkConfig:
     tables: Mapping[str, str] = field(default_factory=dict)
     # Snapshots kept per table (older ones are expired; 0 keeps all).
     retain_snapshots: int = 100
+    # Commit a batch's tables in one catalog transaction where the catalog can (SQL).
+    atomic_commit: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +137,13 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "connect_timeout": (int, float),
         "reconnect_max_backoff": (int, float),
     },
-    "sink": {"catalog_name": str, "catalog": dict, "tables": dict, "retain_snapshots": int},
+    "sink": {
+        "catalog_name": str,
+        "catalog": dict,
+        "tables": dict,
+        "retain_snapshots": int,
+        "atomic_commit": bool,
+    },
     "spark": {"master": str, "app_name": str, "conf": dict},
     "apply": {
         "batch_max_bytes": int,
@@ -299,6 +307,7 @@ def _build(raw: Mapping[str, Any]) -> Config:
         catalog=_str_table("sink.catalog", sink_raw.get("catalog", {})),
         tables=_str_table("sink.tables", sink_raw.get("tables", {})),
         retain_snapshots=sink_raw.get("retain_snapshots", 100),
+        atomic_commit=sink_raw.get("atomic_commit", True),
     )
     if sink.retain_snapshots < 0:
         raise ConfigError("sink.retain_snapshots must be 0 or more", key="sink.retain_snapshots")

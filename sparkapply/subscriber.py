@@ -64,6 +64,7 @@ from sparkapply.maintain.maintainer import Maintainer
 from sparkapply.metrics import Metrics
 from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
 from sparkapply.scheduler import Batch, BatchScheduler
+from sparkapply.sink.atomic import atomic_commits, commit_mode
 from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
 from sparkapply.source.publisher import check_publisher, ensure_slot
@@ -237,6 +238,11 @@ class Subscriber:
                 free_expired_files=cfg.maintenance.enabled,
                 split_bytes=cfg.apply.split_bytes,
                 max_tasks_per_table=cfg.apply.max_tasks_per_table,
+                atomic=cfg.sink.atomic_commit and atomic_commits(catalog),
+            )
+            log.info(
+                "batches commit %s",
+                commit_mode(catalog) if cfg.sink.atomic_commit else "table by table (configured)",
             )
             scheduler = BatchScheduler(
                 assembler, progress, cfg.apply, skips=SkipStore(work), prepared=prepared

@@ -103,7 +103,7 @@ class Mirror:
             raise result
         return result
 
-    def write_config(self, path: Path, **apply: object) -> Path:
+    def write_config(self, path: Path, *, atomic_commit: bool = True, **apply: object) -> Path:
         """This mirror's configuration as a TOML file, for the command line."""
         c = self.config
         props = c.sink.catalog
@@ -111,16 +111,19 @@ class Mirror:
         path.write_text(
             f"work_dir = {_toml_string(str(c.work_dir))}\n"
             f'[source]\ndsn = "{c.source.dsn}"\npublication = "pub"\nslot = "{self.slot}"\n'
+            f"[sink]\natomic_commit = {str(atomic_commit).lower()}\n"
             f'[sink.catalog]\ntype = "sql"\nuri = "{props["uri"]}"\n'
             f'warehouse = "{props["warehouse"]}"\n'
             f'[spark]\nmaster = "local[1]"\n[apply]\nbatch_linger = 0.1\n{extra}'
         )
         return path
 
-    def run_killed(self, failpoint: str, config_dir: Path, **apply: object) -> None:
+    def run_killed(
+        self, failpoint: str, config_dir: Path, *, atomic_commit: bool = True, **apply: object
+    ) -> None:
         """Run ``sparkapply run --until-caught-up`` in a child process armed with
         ``failpoint``, and check that it died by SIGKILL there."""
-        cfg = self.write_config(config_dir / "crash.toml", **apply)
+        cfg = self.write_config(config_dir / "crash.toml", atomic_commit=atomic_commit, **apply)
         proc = subprocess.run(
             [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg), "--until-caught-up"],
             env={**os.environ, "SPARKAPPLY_TEST_FAILPOINT": failpoint},

@@ -32,13 +32,14 @@ from sparkapply.apply.fold import TxnInput
 from sparkapply.apply.tasks import Identity, TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.convert.schema import iceberg_schema_for, relation_identifier
-from sparkapply.errors import SparkapplyError
+from sparkapply.errors import CommitOutcomeUnknownError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.graph import lanes
 from sparkapply.sink.arrow import arrow_schema_of
-from sparkapply.sink.commit import commit_files
+from sparkapply.sink.atomic import commit_together
+from sparkapply.sink.commit import StagedSnapshot, commit_staged, stage_files
 from sparkapply.sink.files import (
     DataFileInfo,
     LiveFileCache,
@@ -226,6 +227,7 @@ class Applier:
         max_tasks_per_table: int = 0,
         free_expired_files: bool = False,
         locks: TableLocks | None = None,
+        atomic: bool = False,
     ) -> None:
         self.spark = spark
         self.locks = locks or TableLocks()
@@ -245,6 +247,7 @@ class Applier:
         # snapshots referenced (otherwise they wait for the orphan sweep's grace).
         self.free_expired_files = free_expired_files
         self.max_tasks_per_table = max_tasks_per_table
+        self.atomic = atomic  # one catalog transaction per batch (sink/atomic.py)
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
         return relation_identifier(rel, self.table_map)
@@ -391,21 +394,9 @@ class Applier:
             failpoint("deletes-written")
         failpoint("before-commit")
         commit_started = time.monotonic()
+        self._commit(results, planned)
         for r in results:
-            table, ident, base = planned[r.table]
-            try:
-                commit_files(
-                    table,
-                    added=r.added,
-                    deletes=r.deletes,
-                    truncate=r.truncated,
-                    lsn=Lsn(r.last_commit_lsn),
-                    base_snapshot_id=base,
-                )
-            except SparkapplyError:
-                remove_orphans(table, [*r.added, *(d.path for d in r.deletes)])
-                raise
-            failpoint("after-table-commit")
+            table, ident, _ = planned[r.table]
             self._expire(table)
             self._applied[ident] = Lsn(r.last_commit_lsn)
             self._tables.pop(ident, None)
@@ -421,6 +412,42 @@ class Applier:
                 txn.staged.finish(used)
         stats.finished = time.monotonic()
         return stats
+
+    def _commit(
+        self, results: list[TableResult], planned: dict[str, tuple[Table, TableIdent, int | None]]
+    ) -> None:
+        """Every table's snapshot of the batch: in one catalog transaction when the
+        catalog can (sink/atomic.py), otherwise one table after another. A failure
+        removes the files of the tables not committed."""
+        staged: list[StagedSnapshot] = []
+        committed: set[str] = set()
+        try:
+            for r in results:
+                table, _, base = planned[r.table]
+                staged.append(
+                    stage_files(
+                        table,
+                        added=r.added,
+                        deletes=r.deletes,
+                        truncate=r.truncated,
+                        lsn=Lsn(r.last_commit_lsn),
+                        base_snapshot_id=base,
+                    )
+                )
+            if self.atomic:
+                commit_together(self.catalog, staged)
+                return
+            for r, one in zip(results, staged, strict=True):
+                commit_staged(one)
+                committed.add(r.table)
+                failpoint("after-table-commit")
+        except SparkapplyError as exc:
+            if not isinstance(exc, CommitOutcomeUnknownError):
+                for r in results:
+                    if r.table not in committed:
+                        table = planned[r.table][0]
+                        remove_orphans(table, [*r.added, *(d.path for d in r.deletes)])
+            raise
 
     def _expire(self, table: Table) -> None:
         """Keep commits cheap: a commit's cost grows with the snapshots a table keeps."""

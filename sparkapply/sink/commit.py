@@ -85,6 +85,7 @@ import enum
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
@@ -104,7 +105,12 @@ from sparkapply.errors import (
 from sparkapply.lsn import Lsn
 from sparkapply.sink.files import live_data_files
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
-from sparkapply.sink.rowdelta import DeleteFileInfo, position_delete_file, stage_row_delta
+from sparkapply.sink.rowdelta import (
+    DeleteFileInfo,
+    StagedRowDelta,
+    position_delete_file,
+    stage_row_delta,
+)
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -118,6 +124,19 @@ class _Base(enum.Enum):
 
 ANY_BASE: Literal[_Base.ANY] = _Base.ANY
 """``base_snapshot_id`` default: commit on top of whatever the table object holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedSnapshot:
+    """One table's snapshot, written but for the catalog pointer (:func:`stage_files`)."""
+
+    table: Table
+    lsn: Lsn
+    delta: StagedRowDelta
+
+    @property
+    def snapshot_id(self) -> int:
+        return self.delta.snapshot_id
 
 
 def commit_files(
@@ -193,9 +212,10 @@ def commit_files(
     if deletes or truncate:
         if removed and not truncate:
             raise SinkError("a row delta cannot also remove data files", table=name, lsn=lsn)
-        snapshot_id = _commit_row_delta(table, new_files, deletes, truncate, summary, lsn)
-        _log_commit(name, snapshot_id, lsn, len(new_files), len(deletes), started)
-        return snapshot_id
+        staged = _stage_row_delta(table, new_files, deletes, truncate, summary, lsn)
+        commit_staged(staged)
+        _log_commit(name, staged.snapshot_id, lsn, len(new_files), len(deletes), started)
+        return staged.snapshot_id
 
     txn = table.transaction()
     try:
@@ -217,7 +237,7 @@ def commit_files(
             hint="nothing was committed; re-load the table and re-plan the batch",
         ) from exc
     except Exception as exc:
-        _resolve_unclear_outcome(table, snapshot_id, lsn, exc)
+        resolve_unclear_outcome(table, snapshot_id, lsn, exc)
 
     _check_single_writer(table, snapshot_id, lsn)
     _log_commit(name, snapshot_id, lsn, len(new_files), -len(to_remove), started)
@@ -238,14 +258,53 @@ def _log_commit(
     )
 
 
-def _commit_row_delta(
+def stage_files(
+    table: Table,
+    *,
+    added: Sequence[str],
+    deletes: Sequence[DeleteFileInfo] = (),
+    truncate: bool = False,
+    lsn: Lsn,
+    base_snapshot_id: int | None,
+    extra_summary: Mapping[str, str] | None = None,
+) -> StagedSnapshot:
+    """Write everything of one table's snapshot but the catalog pointer: the checks of
+    :func:`commit_files`, manifests and manifest list. Commit it with
+    :func:`commit_staged`, or with the batch's other tables in one catalog transaction
+    (``atomic.py``). It commits only on ``base_snapshot_id`` (a row delta)."""
+    lsn = Lsn(lsn)
+    name = table_name(table)
+    added = [_as_table_uri(p, table) for p in added]
+    summary = _summary(lsn, extra_summary)
+    _check_paths(added, ())
+    if table.metadata.current_snapshot_id != base_snapshot_id:
+        raise CommitConflictError(
+            f"table moved from snapshot {base_snapshot_id} to "
+            f"{table.metadata.current_snapshot_id} since the batch was planned",
+            table=name,
+            lsn=lsn,
+            hint="re-load the table and re-plan the batch",
+        )
+    previous = applied_lsn(table)
+    if previous is not None and lsn <= previous:
+        raise SinkError(
+            f"commit LSN does not advance: the table already contains up to {previous}",
+            table=name,
+            lsn=lsn,
+            hint="transactions at or below a table's applied LSN must be skipped",
+        )
+    new_files = _describe(table, added, lsn)
+    return _stage_row_delta(table, new_files, deletes, truncate, summary, lsn)
+
+
+def _stage_row_delta(
     table: Table,
     new_files: list[DataFile],
     deletes: Sequence[DeleteFileInfo],
     truncate: bool,
     summary: dict[str, str],
     lsn: Lsn,
-) -> int:
+) -> StagedSnapshot:
     """Data files + position deletes (or a TRUNCATE) as one snapshot; see rowdelta.py."""
     name = table_name(table)
     spec_id = table.metadata.default_spec_id
@@ -260,10 +319,17 @@ def _commit_row_delta(
         )
     except Exception as exc:
         raise _prepare_failed(exc, name, lsn) from exc
+    return StagedSnapshot(table, lsn, staged)
+
+
+def commit_staged(staged: StagedSnapshot) -> None:
+    """Commit one staged snapshot alone (one ``commit_table``); updates its table."""
+    table, lsn, delta = staged.table, staged.lsn, staged.delta
+    name = table_name(table)
     try:
-        response = table.catalog.commit_table(table, staged.requirements, staged.updates)
+        response = table.catalog.commit_table(table, delta.requirements, delta.updates)
     except CommitFailedException as exc:
-        _delete_quietly(table, staged.written)
+        delete_quietly(table, delta.written)
         raise CommitConflictError(
             f"the table changed under the commit: {exc}",
             table=name,
@@ -271,11 +337,10 @@ def _commit_row_delta(
             hint="nothing was committed; re-load the table and re-plan the batch",
         ) from exc
     except Exception as exc:
-        _resolve_unclear_outcome(table, staged.snapshot_id, lsn, exc)
-        return staged.snapshot_id
+        resolve_unclear_outcome(table, delta.snapshot_id, lsn, exc)
+        return
     table.metadata = response.metadata
     table.metadata_location = response.metadata_location
-    return staged.snapshot_id
 
 
 def _prepare_failed(exc: Exception, name: str, lsn: Lsn) -> SinkError:
@@ -288,7 +353,7 @@ def _prepare_failed(exc: Exception, name: str, lsn: Lsn) -> SinkError:
     )
 
 
-def _delete_quietly(table: Table, paths: Sequence[str]) -> None:
+def delete_quietly(table: Table, paths: Sequence[str]) -> None:
     for path in paths:
         try:
             table.io.delete(path)
@@ -362,7 +427,7 @@ def _describe(table: Table, paths: list[str], lsn: Lsn) -> list[DataFile]:
     return data_files
 
 
-def _resolve_unclear_outcome(table: Table, snapshot_id: int, lsn: Lsn, exc: Exception) -> None:
+def resolve_unclear_outcome(table: Table, snapshot_id: int, lsn: Lsn, exc: Exception) -> None:
     """Return if snapshot ``snapshot_id`` did land after all; raise otherwise."""
     name = table_name(table)
     try:

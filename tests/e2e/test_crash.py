@@ -47,9 +47,13 @@ def _workload(mirror: Mirror, pg_server: PgServer) -> None:
         "after-stage",  # PREPARE staged, not yet acknowledged
         "before-commit",  # executors wrote files, nothing committed
         "deletes-written",  # position-delete files written (merge-on-read), not committed
-        "after-table-commit",  # one table of a batch committed, the other not
+        "before-catalog-swap",  # every table's metadata written, no pointer swapped
+        "before-catalog-swap:3",  # a later batch
         "before-ack",  # every table committed, nothing acknowledged
-        "after-table-commit:4",  # a later batch
+        # Committed table by table ([sink] atomic_commit = false, or a catalog that
+        # cannot): one table of a batch committed, the other not.
+        "per-table:after-table-commit",
+        "per-table:after-table-commit:4",  # a later batch
     ],
 )
 def test_kill_and_restart(
@@ -62,7 +66,13 @@ def test_kill_and_restart(
     )
     mirror.run()  # slot and catalog exist
     _workload(mirror, pg_server)
-    mirror.run_killed(failpoint, tmp_path, batch_max_transactions=3)
+    per_table = failpoint.startswith("per-table:")
+    mirror.run_killed(
+        failpoint.removeprefix("per-table:"),
+        tmp_path,
+        atomic_commit=not per_table,
+        batch_max_transactions=3,
+    )
     mirror.run()
     mirror.assert_mirrored("public.a", "public.b")
 
