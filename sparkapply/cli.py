@@ -1,4 +1,5 @@
-"""The command line: ``sparkapply run|status|skip|resync|demo`` (also ``python -m sparkapply``)."""
+"""The command line: ``sparkapply run|status|skip|resync|maintain|cut|demo`` (also
+``python -m sparkapply``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from types import FrameType
 
 from sparkapply import __version__
 from sparkapply.config import load_config
-from sparkapply.errors import ErrorKind, SparkapplyError
+from sparkapply.errors import ConfigError, ErrorKind, SparkapplyError
+from sparkapply.lsn import Lsn
 
 log = logging.getLogger("sparkapply")
 
@@ -90,6 +92,44 @@ def _maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     maintain.add_argument(
         "--dry-run", action="store_true", help="report what would be done; change nothing"
     )
+    _cut_parser(sub)
+
+
+def _cut_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cut = sub.add_parser(
+        "cut",
+        help="print the newest cut: an LSN and each table's Iceberg snapshot id holding "
+        "exactly the transactions up to it (read them together for a consistent mirror)",
+    )
+    cut.add_argument("--config", required=True, help="TOML config file")
+    cut.add_argument("--lsn", help="the newest cut at or before this LSN (X/Y)")
+    cut.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+
+
+def _cut(args: argparse.Namespace) -> int:
+    import json
+
+    from sparkapply.read import latest_cut
+    from sparkapply.sink.catalog import open_catalog
+
+    config = load_config(args.config)
+    if not config.sink.cuts_table:
+        raise ConfigError("no cuts are recorded: [sink] cuts_table is empty", key="sink.cuts_table")
+    try:
+        lsn = None if args.lsn is None else Lsn(args.lsn)
+    except ValueError as exc:
+        raise ConfigError(f"--lsn: {exc}", key="--lsn") from None
+    catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
+    cut = latest_cut(catalog, lsn=lsn, cuts_table=config.sink.cuts_table)
+    if args.json:
+        print(json.dumps(cut.as_json()))
+        return 0
+    committed = cut.committed_at.isoformat() if cut.committed_at else "unknown"
+    print(f"cut at LSN {cut.lsn}, committed on the publisher at {committed}")
+    width = max((len(t) for t in cut.tables), default=5)
+    for table, snapshot_id in sorted(cut.tables.items()):
+        print(f"  {table:<{width}}  snapshot {snapshot_id}  ({cut.iceberg.get(table, table)})")
+    return 0
 
 
 def _maintain(args: argparse.Namespace) -> int:
@@ -133,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _demo,
         "resync": _resync,
         "maintain": _maintain,
+        "cut": _cut,
     }
     try:
         if getattr(args, "config", None):

@@ -52,6 +52,8 @@ class SinkConfig:
     retain_snapshots: int = 100
     # Commit a batch's tables in one catalog transaction where the catalog can (SQL).
     atomic_commit: bool = True
+    # The Iceberg table of cuts (sink/cuts.py), "namespace.table"; "" records none.
+    cuts_table: str = "sparkapply.cuts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "tables": dict,
         "retain_snapshots": int,
         "atomic_commit": bool,
+        "cuts_table": str,
     },
     "spark": {"master": str, "app_name": str, "conf": dict},
     "apply": {
@@ -308,7 +311,13 @@ def _build(raw: Mapping[str, Any]) -> Config:
         tables=_str_table("sink.tables", sink_raw.get("tables", {})),
         retain_snapshots=sink_raw.get("retain_snapshots", 100),
         atomic_commit=sink_raw.get("atomic_commit", True),
+        cuts_table=sink_raw.get("cuts_table", "sparkapply.cuts"),
     )
+    if sink.cuts_table and sink.cuts_table.count(".") != 1:
+        raise ConfigError(
+            f"sink.cuts_table {sink.cuts_table!r} must be 'namespace.table' (or empty)",
+            key="sink.cuts_table",
+        )
     if sink.retain_snapshots < 0:
         raise ConfigError("sink.retain_snapshots must be 0 or more", key="sink.retain_snapshots")
     for pg_name, ice_name in sink.tables.items():

@@ -65,9 +65,10 @@ from sparkapply.metrics import Metrics
 from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
 from sparkapply.scheduler import Batch, BatchScheduler
 from sparkapply.sink.atomic import atomic_commits, commit_mode
+from sparkapply.sink.cuts import CutLog, cuts_identifier
 from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
-from sparkapply.source.publisher import check_publisher, ensure_slot
+from sparkapply.source.publisher import PublishedTable, check_publisher, ensure_slot
 from sparkapply.source.stream import ReplicationStream
 from sparkapply.workdir import prepared_dir
 
@@ -111,6 +112,7 @@ class Subscriber:
         self._stop = threading.Event()
         self.summary = RunSummary()
         self._copier: TableCopier | None = None
+        self._published: list[PublishedTable] = []
         self.metrics = Metrics(config.metrics, config.work_dir)
 
     def stop(self) -> None:
@@ -122,6 +124,21 @@ class Subscriber:
         return self._catalog
 
     # -- setup ------------------------------------------------------------------------
+
+    def _cut_log(self, catalog: Catalog) -> CutLog | None:
+        """The record of cuts (sink/cuts.py), naming every published table."""
+        sink = self.config.sink
+        if not sink.cuts_table:
+            return None
+        to_source = {ice: pg for pg, ice in sink.tables.items()}
+        cuts = CutLog(
+            catalog,
+            cuts_identifier(sink.cuts_table),
+            retain_seconds=self.config.maintenance.retain_seconds,
+            source_names=lambda ident: to_source.get(".".join(ident), ".".join(ident)),
+        )
+        cuts.track(self.config.table_identifier(t.schema, t.name) for t in self._published)
+        return cuts
 
     def _open_sinks(self) -> tuple[SparkSession, Catalog]:
         if self._catalog is None:
@@ -153,7 +170,7 @@ class Subscriber:
         """Replicate until :meth:`stop` (or, with ``until_caught_up``, until everything
         committed before the call is applied and acknowledged)."""
         src = self.config.source
-        protocol, _tables = check_publisher(src.dsn, src.publication)
+        protocol, self._published = check_publisher(src.dsn, src.publication)
         spark, catalog = self._open_sinks()
         target = self._target_lsn() if until_caught_up else None
         self.metrics.serve()
@@ -228,6 +245,7 @@ class Subscriber:
                 progress=progress,
                 stager=stager,
             )
+            cuts = self._cut_log(catalog)
             applier = Applier(
                 spark,
                 catalog,
@@ -239,7 +257,10 @@ class Subscriber:
                 split_bytes=cfg.apply.split_bytes,
                 max_tasks_per_table=cfg.apply.max_tasks_per_table,
                 atomic=cfg.sink.atomic_commit and atomic_commits(catalog),
+                cuts=cuts,
             )
+            if cuts is not None:
+                applier.locks.listeners.append(cuts.changed)
             log.info(
                 "batches commit %s",
                 commit_mode(catalog) if cfg.sink.atomic_commit else "table by table (configured)",
@@ -257,7 +278,13 @@ class Subscriber:
             )
             maintenance = (
                 BackgroundMaintenance(
-                    Maintainer(cfg.maintenance, spark, catalog, locks=applier.locks),
+                    Maintainer(
+                        cfg.maintenance,
+                        spark,
+                        catalog,
+                        locks=applier.locks,
+                        protected=cuts.protected if cuts is not None else None,
+                    ),
                     applier.known_tables,
                 )
                 if cfg.maintenance.enabled

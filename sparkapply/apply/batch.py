@@ -36,10 +36,12 @@ from sparkapply.errors import CommitOutcomeUnknownError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
 from sparkapply.plan.graph import lanes
 from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.atomic import commit_together
 from sparkapply.sink.commit import StagedSnapshot, commit_staged, stage_files
+from sparkapply.sink.cuts import CutLog
 from sparkapply.sink.files import (
     DataFileInfo,
     LiveFileCache,
@@ -47,7 +49,7 @@ from sparkapply.sink.files import (
     remove_orphans,
 )
 from sparkapply.sink.locks import TableLocks
-from sparkapply.sink.maintenance import expire_and_delete, expire_snapshots
+from sparkapply.sink.maintenance import doomed_snapshots, expire_and_delete, expire_snapshots
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import evolve_to
 from sparkapply.sink.rowdelta import DeleteFileInfo
@@ -228,6 +230,7 @@ class Applier:
         free_expired_files: bool = False,
         locks: TableLocks | None = None,
         atomic: bool = False,
+        cuts: CutLog | None = None,
     ) -> None:
         self.spark = spark
         self.locks = locks or TableLocks()
@@ -248,6 +251,7 @@ class Applier:
         self.free_expired_files = free_expired_files
         self.max_tasks_per_table = max_tasks_per_table
         self.atomic = atomic  # one catalog transaction per batch (sink/atomic.py)
+        self.cuts = cuts  # each batch records a cut (sink/cuts.py)
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
         return relation_identifier(rel, self.table_map)
@@ -263,6 +267,8 @@ class Applier:
         """Drop what is cached of a table another writer (the copy) committed to."""
         self._tables.pop(ident, None)
         self._applied.pop(ident, None)
+        if self.cuts is not None:
+            self.cuts.changed(ident)
 
     def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
         """Apply ``batch``; where a table's replica identity changes within it, the
@@ -394,7 +400,7 @@ class Applier:
             failpoint("deletes-written")
         failpoint("before-commit")
         commit_started = time.monotonic()
-        self._commit(results, planned)
+        self._commit(results, planned, batch[-1])
         for r in results:
             table, ident, _ = planned[r.table]
             self._expire(table)
@@ -414,11 +420,14 @@ class Applier:
         return stats
 
     def _commit(
-        self, results: list[TableResult], planned: dict[str, tuple[Table, TableIdent, int | None]]
+        self,
+        results: list[TableResult],
+        planned: dict[str, tuple[Table, TableIdent, int | None]],
+        last: CommittedTxn,
     ) -> None:
-        """Every table's snapshot of the batch: in one catalog transaction when the
-        catalog can (sink/atomic.py), otherwise one table after another. A failure
-        removes the files of the tables not committed."""
+        """Every table's snapshot of the batch, and its cut: in one catalog transaction
+        when the catalog can (sink/atomic.py), otherwise one table after another and
+        the cut last. A failure removes the files of the tables not committed."""
         staged: list[StagedSnapshot] = []
         committed: set[str] = set()
         try:
@@ -434,13 +443,24 @@ class Applier:
                         base_snapshot_id=base,
                     )
                 )
+            cut = None
+            if self.cuts is not None and staged:
+                committed_at = dt.datetime.fromtimestamp(
+                    (last.commit_time + PG_EPOCH_OFFSET_MICROS) / 1e6, dt.UTC
+                )
+                cut = self.cuts.stage(staged, lsn=Lsn(last.commit_lsn), committed_at=committed_at)
             if self.atomic:
-                commit_together(self.catalog, staged)
-                return
-            for r, one in zip(results, staged, strict=True):
-                commit_staged(one)
-                committed.add(r.table)
-                failpoint("after-table-commit")
+                commit_together(self.catalog, [*staged, *([cut[0]] if cut else [])])
+            else:
+                for r, one in zip(results, staged, strict=True):
+                    commit_staged(one)
+                    committed.add(r.table)
+                    failpoint("after-table-commit")
+                if cut is not None:
+                    commit_staged(cut[0])
+            if self.cuts is not None and cut is not None:
+                self.cuts.committed(staged, cut[1])
+                self._expire(self.cuts.table)
         except SparkapplyError as exc:
             if not isinstance(exc, CommitOutcomeUnknownError):
                 for r in results:
@@ -450,16 +470,23 @@ class Applier:
             raise
 
     def _expire(self, table: Table) -> None:
-        """Keep commits cheap: a commit's cost grows with the snapshots a table keeps."""
+        """Keep commits cheap: a commit's cost grows with the snapshots a table keeps.
+        Snapshots a kept cut names stay (sink/cuts.py); expiry runs once half of
+        ``retain_snapshots`` can go, not after every batch."""
         keep = self.retain_snapshots
         if keep <= 0 or len(table.metadata.snapshots) <= keep + keep // 2:
             return
+        namespace, name = table.name()[-2:]
+        protected = self.cuts.protected((namespace, name)) if self.cuts is not None else set()
+        now = dt.datetime.now(dt.UTC)
+        doomed = doomed_snapshots(table.metadata, older_than=now, retain_last=keep, keep=protected)
+        if len(doomed) < max(1, keep // 2):
+            return
         try:
-            now = dt.datetime.now(dt.UTC)
             if self.free_expired_files:
-                expire_and_delete(table, older_than=now, retain_last=keep)
+                expire_and_delete(table, older_than=now, retain_last=keep, keep=protected)
             else:
-                expire_snapshots(table, older_than=now, retain_last=keep)
+                expire_snapshots(table, older_than=now, retain_last=keep, keep=protected)
         except SparkapplyError as exc:  # maintenance: try again after a later batch
             log.warning("%s", exc)
 

@@ -8,6 +8,7 @@ from sparkapply.config import Config
 from sparkapply.errors import ConfigError
 from sparkapply.maintain.maintainer import Maintainer, MaintenanceReport
 from sparkapply.sink.catalog import open_catalog
+from sparkapply.sink.cuts import cuts_identifier, protected_snapshots
 from sparkapply.sink.progress import LSN_TABLE_PROPERTY
 from sparkapply.sink.tables import TableIdentifier
 
@@ -52,7 +53,17 @@ def run_maintain(
         s = config.spark
         return get_session(s.master, s.app_name, s.conf)
 
-    maintainer = Maintainer(config.maintenance, spark, catalog)  # type: ignore[arg-type]
+    protected = None
+    if config.sink.cuts_table:
+        protected = protected_snapshots(
+            catalog, cuts_identifier(config.sink.cuts_table), config.maintenance.retain_seconds
+        )
+    maintainer = Maintainer(
+        config.maintenance,
+        spark,  # type: ignore[arg-type]
+        catalog,
+        protected=protected,
+    )
     reports = [maintainer.run(ident, dry_run=dry_run) for ident in idents]
     if not reports:
         log.info("no table to maintain")

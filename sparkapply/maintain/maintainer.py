@@ -36,7 +36,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -163,8 +163,11 @@ class Maintainer:
         *,
         clock: Callable[[], float] = time.time,
         locks: TableLocks | None = None,
+        protected: Callable[[TableIdentifier], Collection[int]] | None = None,
     ) -> None:
         self.config = config
+        # The snapshots kept cuts name, by table: expiry keeps them (sink/cuts.py).
+        self.protected = protected or (lambda ident: ())
         # Beside the apply (its own thread): each commit holds the table's lock.
         self.locks = locks
         self.catalog = catalog
@@ -324,7 +327,10 @@ class Maintainer:
 
     def _doomed(self, table: Table, now: float) -> list[int]:
         return doomed_snapshots(
-            table.metadata, older_than=self._cutoff(now), retain_last=self.config.retain_snapshots
+            table.metadata,
+            older_than=self._cutoff(now),
+            retain_last=self.config.retain_snapshots,
+            keep=self.protected(_ident(table)),
         )
 
     def _guard(self, ident: TableIdentifier) -> Guard:
@@ -352,6 +358,7 @@ class Maintainer:
                 older_than=self._cutoff(now),
                 retain_last=self.config.retain_snapshots,
                 dry_run=dry_run,
+                keep=self.protected(_ident(table)),
             )
 
     def _merge_manifests(self, table: Table, dry_run: bool, guard: Guard) -> tuple[int, int]:
@@ -387,3 +394,8 @@ class Maintainer:
             log("maintenance of %s: %s (retried at the next run)", report.table, exc)
             report.errors.append(str(exc).splitlines()[0])
             return None
+
+
+def _ident(table: Table) -> TableIdentifier:
+    namespace, name = table.name()[-2:]
+    return namespace, name

@@ -19,7 +19,7 @@ Locks are taken in one order (sorted identifiers), so two holders never deadlock
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 TableIdent = tuple[str, str]  # (namespace, table)
@@ -30,6 +30,8 @@ class TableLocks:
         self._guard = threading.Lock()
         self._locks: dict[TableIdent, threading.Lock] = {}
         self._changed: set[TableIdent] = set()
+        # Told of each commit another writer made (the cut log: sink/cuts.py).
+        self.listeners: list[Callable[[TableIdent], None]] = []
 
     def _lock(self, ident: TableIdent) -> threading.Lock:
         with self._guard:
@@ -59,6 +61,8 @@ class TableLocks:
             yield
             with self._guard:
                 self._changed.add(ident)
+            for listener in self.listeners:
+                listener(ident)
 
     def changed(self) -> set[TableIdent]:
         """Tables committed to since the last :meth:`hold` that looked (for tests)."""

@@ -45,7 +45,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -65,13 +65,15 @@ _DELETABLE = (".parquet", ".avro", ".orc", ".puffin", ".metadata.json")
 _METADATA_VERSION = re.compile(r"^(\d+)-.*\.metadata\.json$")
 
 
-def expire_snapshots(table: Table, *, older_than: dt.datetime, retain_last: int = 1) -> int:
+def expire_snapshots(
+    table: Table, *, older_than: dt.datetime, retain_last: int = 1, keep: Collection[int] = ()
+) -> int:
     """Expire the snapshots older than ``older_than`` (aware datetime) but keep at
     least the ``retain_last`` newest and every branch or tag head; return how many
     were expired. One metadata commit; a concurrent commit makes it a
     :class:`SinkError` that can simply be retried later. Files stay on storage (see
     :func:`expire_and_delete`)."""
-    doomed = _doomed(table, older_than, retain_last)
+    doomed = _doomed(table, older_than, retain_last, keep)
     if not doomed:
         return 0
     before = len(table.metadata.snapshots)
@@ -81,18 +83,27 @@ def expire_snapshots(table: Table, *, older_than: dt.datetime, retain_last: int 
     return expired
 
 
-def _doomed(table: Table, older_than: dt.datetime, retain_last: int) -> list[int]:
+def _doomed(
+    table: Table, older_than: dt.datetime, retain_last: int, keep: Collection[int]
+) -> list[int]:
     try:
-        return doomed_snapshots(table.metadata, older_than=older_than, retain_last=retain_last)
+        return doomed_snapshots(
+            table.metadata, older_than=older_than, retain_last=retain_last, keep=keep
+        )
     except SinkArgumentError as exc:
         raise exc.with_context(table=table_name(table)) from None
 
 
 def doomed_snapshots(
-    metadata: TableMetadata, *, older_than: dt.datetime, retain_last: int
+    metadata: TableMetadata,
+    *,
+    older_than: dt.datetime,
+    retain_last: int,
+    keep: Collection[int] = (),
 ) -> list[int]:
     """The snapshots to expire: older than ``older_than``, not among the
-    ``retain_last`` newest, not a branch or tag head."""
+    ``retain_last`` newest, not a branch or tag head, not in ``keep`` (the snapshots
+    kept cuts name: ``cuts.py``)."""
     if older_than.tzinfo is None:
         raise SinkArgumentError("older_than must be timezone-aware")
     if retain_last < 1:
@@ -104,7 +115,7 @@ def doomed_snapshots(
     return [
         s.snapshot_id
         for s in candidates
-        if s.timestamp_ms < cutoff_ms and s.snapshot_id not in heads
+        if s.timestamp_ms < cutoff_ms and s.snapshot_id not in heads and s.snapshot_id not in keep
     ]
 
 
@@ -129,14 +140,19 @@ class ExpiryOutcome:
 
 
 def expire_and_delete(
-    table: Table, *, older_than: dt.datetime, retain_last: int, dry_run: bool = False
+    table: Table,
+    *,
+    older_than: dt.datetime,
+    retain_last: int,
+    dry_run: bool = False,
+    keep: Collection[int] = (),
 ) -> ExpiryOutcome:
     """Expire snapshots as :func:`expire_snapshots` does and delete the files only they
     referenced (see the module doc). ``dry_run``: commit and delete nothing; report
     what would be."""
     outcome = ExpiryOutcome()
     metadata = table.metadata
-    doomed = _doomed(table, older_than, retain_last)
+    doomed = _doomed(table, older_than, retain_last, keep)
     io = table.io
     cache: dict[str, list[tuple[str, int, bool]]] = {}
     if doomed:
@@ -153,13 +169,13 @@ def expire_and_delete(
             kept_ids = [s.snapshot_id for s in table.metadata.snapshots]
         if dry_run:
             outcome.snapshots_expired = len(doomed)
-        keep = {
+        still_used = {
             _key(path)
             for path, _size, live in _referenced(table.metadata, io, kept_ids, cache)
             if live
         }
         for path, size in candidates.items():
-            if _key(path) in keep:
+            if _key(path) in still_used:
                 continue
             if dry_run or _delete(io, path):
                 outcome.files_deleted += 1

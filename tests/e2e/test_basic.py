@@ -43,10 +43,11 @@ def test_old_snapshots_are_expired_and_the_lsn_survives(mirror: Mirror) -> None:
     from dataclasses import replace
 
     # The sink's own retention, alone: a compaction after the last batch would add a
-    # snapshot after the expiry or not, depending on timing (tests/maintain covers it).
+    # snapshot after the expiry or not, depending on timing (tests/maintain covers it);
+    # the cuts of the last minutes keep their snapshots (tests/e2e/test_cuts.py).
     mirror.config = replace(
         mirror.config,
-        sink=replace(mirror.config.sink, retain_snapshots=2),
+        sink=replace(mirror.config.sink, retain_snapshots=2, cuts_table=""),
         maintenance=replace(mirror.config.maintenance, enabled=False),
     )
     mirror.sql("CREATE TABLE t (id int PRIMARY KEY, v int)", "CREATE PUBLICATION pub FOR TABLE t")

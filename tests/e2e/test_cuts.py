@@ -1,0 +1,133 @@
+"""Cuts (sink/cuts.py): each batch records the LSN of its last transaction and every
+table's snapshot holding exactly the transactions up to it; read together, the tables
+are one consistent database. Checked against a workload whose transactions are
+numbered and which never changes the total of two tables."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sparkapply.cli import main
+from sparkapply.lsn import Lsn
+from sparkapply.read import cut_snapshots, latest_cut
+from sparkapply.sink.cuts import cuts_identifier, read_cuts
+from sparkapply.sink.read import read_table
+from tests.mirror import Mirror, assert_readers_agree
+from tests.readers import Readers, duckdb_connection
+
+TABLES = ("public.acct_a", "public.acct_b", "public.moves")
+TOTAL = 2 * 10 * 100
+
+
+def _moves(mirror: Mirror, first: int, count: int, rng: random.Random) -> list[Lsn]:
+    """``count`` numbered transactions, each moving an amount between a row of acct_a
+    and a row of acct_b; the WAL position right after each commit."""
+    after = []
+    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+        for seq in range(first, first + count):
+            amount = rng.randint(-50, 50)
+            with conn.transaction():
+                conn.execute(
+                    "UPDATE acct_a SET bal = bal - %s WHERE id = %s", (amount, rng.randint(1, 10))
+                )
+                conn.execute(
+                    "UPDATE acct_b SET bal = bal + %s WHERE id = %s", (amount, rng.randint(1, 10))
+                )
+                conn.execute("INSERT INTO moves VALUES (%s)", (seq,))
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            assert row is not None
+            after.append(Lsn(row[0]))
+    return after
+
+
+def test_every_cut_is_one_consistent_database(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.config = replace(
+        mirror.config,
+        apply=replace(mirror.config.apply, batch_max_transactions=3),
+        # Without the cuts' protection the apply's own expiry would leave 2 snapshots.
+        sink=replace(mirror.config.sink, retain_snapshots=2),
+    )
+    mirror.sql(
+        "CREATE TABLE acct_a (id int PRIMARY KEY, bal int)",
+        "CREATE TABLE acct_b (id int PRIMARY KEY, bal int)",
+        "CREATE TABLE moves (seq int PRIMARY KEY)",
+        "INSERT INTO acct_a SELECT g, 100 FROM generate_series(1, 10) g",
+        "INSERT INTO acct_b SELECT g, 100 FROM generate_series(1, 10) g",
+        "CREATE PUBLICATION pub FOR TABLE acct_a, acct_b, moves",
+    )
+    mirror.run()  # the copy
+    rng = random.Random(7)
+    after: list[Lsn] = []
+    for _ in range(4):
+        after += _moves(mirror, len(after) + 1, 8, rng)
+        mirror.run()
+    mirror.assert_mirrored(*TABLES)
+
+    catalog = mirror.catalog
+    cuts_table = catalog.load_table(cuts_identifier("sparkapply.cuts"))
+    cuts = read_cuts(cuts_table)
+    assert len(cuts) >= 4 * 8 // 3, [str(c.lsn) for c in cuts]
+    for cut in cuts:
+        assert set(cut.tables) == set(TABLES), cut
+        # The transactions whose commit LSN is at most the cut's: the cut is the commit
+        # LSN of a batch's last transaction k, which lies after transaction k-1 ended.
+        k = sum(1 for end in [Lsn(0), *after[:-1]] if end < cut.lsn)
+        read = {t: read_table(catalog.load_table(t), snapshot_id=cut.tables[t]) for t in TABLES}
+        seqs = sorted(read["public.moves"].column("seq").to_pylist())
+        assert seqs == list(range(1, k + 1)), (str(cut.lsn), seqs)
+        total = sum(read["public.acct_a"].column("bal").to_pylist()) + sum(
+            read["public.acct_b"].column("bal").to_pylist()
+        )
+        assert total == TOTAL, (str(cut.lsn), total)
+
+    newest = latest_cut(catalog)
+    assert newest.lsn == cuts[-1].lsn
+    assert newest.tables == {t: catalog.load_table(t).metadata.current_snapshot_id for t in TABLES}
+    assert cut_snapshots(catalog, lsn=str(cuts[1].lsn)) == cuts[1].tables
+    assert cut_snapshots(catalog, lsn=int(cuts[2].lsn) - 1) == cuts[1].tables
+    with Readers() as readers:  # the cuts table itself, in every reader
+        assert_readers_agree("sparkapply.cuts", cuts_table, read_table(cuts_table), readers)
+
+    # DuckDB reads a table at a cut's snapshot id, as the README shows.
+    old = cuts[0]
+    moves = catalog.load_table("public.moves")
+    with duckdb_connection() as con:
+        (count,) = con.execute(
+            "SELECT count(*) FROM iceberg_scan(?, snapshot_from_id => ?)",
+            [moves.metadata_location, old.tables["public.moves"]],
+        ).fetchone()  # type: ignore[misc]
+    assert count == read_table(moves, snapshot_id=old.tables["public.moves"]).num_rows
+
+
+def test_cut_command(mirror: Mirror, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+        "INSERT INTO t VALUES (1)",
+    )
+    mirror.run()
+    mirror.sql("INSERT INTO t VALUES (2)")
+    mirror.run()
+    config = mirror.write_config(tmp_path / "cut.toml")
+    capsys.readouterr()
+    assert main(["cut", "--config", str(config), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    newest = latest_cut(mirror.catalog)
+    assert printed["lsn"] == str(newest.lsn)
+    assert printed["tables"] == {
+        "public.t": mirror.catalog.load_table("public.t").metadata.current_snapshot_id
+    }
+    assert printed["committed_at"] is not None and "+00:00" in printed["committed_at"]
+
+    assert main(["cut", "--config", str(config)]) == 0
+    text = capsys.readouterr().out
+    assert f"cut at LSN {newest.lsn}" in text and "public.t" in text
+
+    assert main(["cut", "--config", str(config), "--lsn", "0/1"]) != 0  # no cut that old
+    assert main(["cut", "--config", str(config), "--lsn", "nonsense"]) == 2
