@@ -102,25 +102,36 @@ def _cut_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "exactly the transactions up to it (read them together for a consistent mirror)",
     )
     cut.add_argument("--config", required=True, help="TOML config file")
-    cut.add_argument("--lsn", help="the newest cut at or before this LSN (X/Y)")
+    which = cut.add_mutually_exclusive_group()
+    which.add_argument("--lsn", help="the newest cut at or before this LSN (X/Y)")
+    which.add_argument(
+        "--at-lsn",
+        help="a cut at exactly this LSN (X/Y): asks the running mirror to make it and "
+        "waits for it (a later run makes it if none is running)",
+    )
+    cut.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds --at-lsn waits (default 60)"
+    )
     cut.add_argument("--json", action="store_true", help="print JSON (for scripts)")
 
 
 def _cut(args: argparse.Namespace) -> int:
     import json
 
-    from sparkapply.read import latest_cut
-    from sparkapply.sink.catalog import open_catalog
+    from sparkapply.read import latest_cut, wait_for_cut
 
     config = load_config(args.config)
     if not config.sink.cuts_table:
         raise ConfigError("no cuts are recorded: [sink] cuts_table is empty", key="sink.cuts_table")
-    try:
-        lsn = None if args.lsn is None else Lsn(args.lsn)
-    except ValueError as exc:
-        raise ConfigError(f"--lsn: {exc}", key="--lsn") from None
-    catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
-    cut = latest_cut(catalog, lsn=lsn, cuts_table=config.sink.cuts_table)
+    lsn = _lsn_argument(args.lsn, "--lsn")
+    at_lsn = _lsn_argument(args.at_lsn, "--at-lsn")
+    if at_lsn is not None:
+        cut = wait_for_cut(config, at_lsn, timeout=args.timeout)
+    else:
+        from sparkapply.sink.catalog import open_catalog
+
+        catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
+        cut = latest_cut(catalog, lsn=lsn, cuts_table=config.sink.cuts_table)
     if args.json:
         print(json.dumps(cut.as_json()))
         return 0
@@ -130,6 +141,15 @@ def _cut(args: argparse.Namespace) -> int:
     for table, snapshot_id in sorted(cut.tables.items()):
         print(f"  {table:<{width}}  snapshot {snapshot_id}  ({cut.iceberg.get(table, table)})")
     return 0
+
+
+def _lsn_argument(value: str | None, option: str) -> Lsn | None:
+    if value is None:
+        return None
+    try:
+        return Lsn(value)
+    except ValueError as exc:
+        raise ConfigError(f"{option}: {exc}", key=option) from None
 
 
 def _maintain(args: argparse.Namespace) -> int:

@@ -211,6 +211,12 @@ class StateError(SparkapplyError):
     """Staged state on disk (spool, prepared store) is missing or corrupt."""
 
 
+class CutError(SparkapplyError):
+    """A cut that does not exist, or cannot be made (``sparkapply cut``)."""
+
+    kind = ErrorKind.OPERATOR
+
+
 class LocationError(SinkError):
     """A warehouse, table or file location that cannot be used (see location.py)."""
 

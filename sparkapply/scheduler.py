@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkapply.changes.assembler import Assembler
+from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
 from sparkapply.changes.skip import SkipStore
@@ -55,6 +56,9 @@ log = logging.getLogger(__name__)
 class Batch:
     items: tuple[tuple[CommittedTxn, list[int]], ...]  # (transaction, progress item)
     cut_at: float  # time.monotonic() when it was cut
+    # A requested cut (changes/cut_requests.py) the tables are exactly at once this
+    # batch is applied; a batch with no items only records that cut.
+    requested: Lsn | None = None
 
     @property
     def txns(self) -> list[CommittedTxn]:
@@ -74,8 +78,10 @@ class BatchScheduler:
         skips: SkipStore | None = None,
         prepared: PreparedStore | None = None,
         clock: Callable[[], float] = time.monotonic,
+        cut_requests: CutRequests | None = None,
     ) -> None:
         self._assembler = assembler
+        self._cut_requests = cut_requests
         self._progress = progress
         self._limits = limits
         self._skips = skips
@@ -100,6 +106,10 @@ class BatchScheduler:
     def cut(self) -> Batch | None:
         if self._running is not None or self._stopping:
             return None
+        requested = self._requested()
+        if requested is not None and self._at_request(requested):
+            self._running = Batch((), self._clock(), requested=requested)
+            return self._running
         backlog = self._assembler.backlog()
         if not backlog.transactions:
             return None
@@ -112,13 +122,43 @@ class BatchScheduler:
         )
         if not (waited or full or self._paused):
             return None
-        items = self._assembler.take_ready(lim.batch_max_bytes, lim.batch_max_transactions)
+        items = self._assembler.take_ready(
+            lim.batch_max_bytes, lim.batch_max_transactions, through=requested
+        )
         self._ready_since = now if self._assembler.backlog().transactions else None
         items = self._drop_skipped(items)
         if not items:
             return None
         self._running = Batch(tuple(items), now)
         return self._running
+
+    # -- requested cuts -----------------------------------------------------------------
+
+    def _requested(self) -> Lsn | None:
+        """The lowest requested cut, if any (a batch never spans it)."""
+        if self._cut_requests is None:
+            return None
+        pending = self._cut_requests.pending()
+        return pending[0] if pending else None
+
+    def _at_request(self, lsn: Lsn) -> bool:
+        """Every transaction at or below ``lsn`` is applied and none above it: the next
+        one waiting is above it, or nothing waits and the server is past it."""
+        first = self._assembler.first_ready()
+        if first is not None:
+            return first.commit_lsn > lsn
+        backlog = self._assembler.backlog()
+        return (
+            not backlog.receiving and self._progress.pending == 0 and self._progress.flushed >= lsn
+        )
+
+    def cut_requested(self) -> bool:
+        return self._requested() is not None
+
+    def cut_recorded(self, lsn: Lsn) -> None:
+        """The requested cut at ``lsn`` exists, or cannot be made: forget the request."""
+        if self._cut_requests is not None:
+            self._cut_requests.done(lsn)
 
     def complete(self, batch: Batch) -> None:
         if batch is not self._running:

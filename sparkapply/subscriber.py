@@ -50,6 +50,7 @@ from sparkapply.apply.batch import Applier, BatchStats
 from sparkapply.apply.stager import Stager, sweep_staged
 from sparkapply.apply.tasks import internal_error
 from sparkapply.changes.assembler import Assembler
+from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
 from sparkapply.changes.skip import SkipStore
@@ -266,7 +267,12 @@ class Subscriber:
                 commit_mode(catalog) if cfg.sink.atomic_commit else "table by table (configured)",
             )
             scheduler = BatchScheduler(
-                assembler, progress, cfg.apply, skips=SkipStore(work), prepared=prepared
+                assembler,
+                progress,
+                cfg.apply,
+                skips=SkipStore(work),
+                prepared=prepared,
+                cut_requests=CutRequests(work) if cuts is not None else None,
             )
             stream = ReplicationStream(conn, status_interval=src.status_interval)
             self.summary.streaming_started = time.monotonic()
@@ -329,7 +335,10 @@ class Subscriber:
                     running = None
                     failpoint("before-ack")
                     scheduler.complete(batch)
-                    self._account(batch, stats, seconds, progress.flushed)
+                    if batch.requested is not None and not batch.items:
+                        scheduler.cut_recorded(batch.requested)
+                    else:
+                        self._account(batch, stats, seconds, progress.flushed)
                     if job.maintenance is not None:
                         job.maintenance.poke()  # beside the apply: never delays the next
 
@@ -360,10 +369,12 @@ class Subscriber:
                 if scheduler.skipped_through is not None:
                     self._after_skip(stream, scheduler, progress.flushed)
 
-                if target is not None and idle:
-                    if scheduler.caught_up(target):
-                        stream.send_status()
-                        return True
+                if target is not None and idle and scheduler.caught_up(target):
+                    stream.send_status()
+                    return True
+                # Waiting for the server's position (to exit, or to make a requested
+                # cut): an idle walsender reports it only when asked.
+                if idle and (target is not None or scheduler.cut_requested()):
                     if time.monotonic() - last_ping > 1.0:
                         stream.send_status(reply_requested=True)
                         last_ping = time.monotonic()
@@ -430,6 +441,10 @@ class _ApplyJob:
 
     def apply(self, batch: Batch) -> tuple[BatchStats, float]:
         started = time.monotonic()
+        if batch.requested is not None and not batch.items:
+            self._forget_copied()
+            self.applier.record_requested_cut(batch.requested)
+            return BatchStats(), time.monotonic() - started
         txns = batch.txns
         self.copier.before_batch(txns)
         self._forget_copied()

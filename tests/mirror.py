@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from pyiceberg.table import Table
 
 from sparkapply.apply.batch import BatchStats
 from sparkapply.config import Config, load_config
+from sparkapply.lsn import Lsn
 from sparkapply.subscriber import RunSummary, Subscriber
 from tests.readers import READERS, Readers
 
@@ -207,6 +209,43 @@ class Mirror:
         assert len(left) == len(right), f"{table}: {len(left)} rows in PG, {len(right)} in Iceberg"
         for a, b in zip(left, right, strict=True):
             assert a == b, f"{table}: row differs\n  postgres: {a}\n  iceberg:  {b}"
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+class Running:
+    """A subscriber running in a thread until stopped."""
+
+    def __init__(self, sub: Subscriber) -> None:
+        self.sub = sub
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="test-run", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.sub.run()
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def wait_flushed(self, target: Lsn) -> None:
+        wait_until(
+            lambda: self.sub.summary.flushed >= target or bool(self.errors),
+            f"the subscriber to acknowledge {target}",
+        )
+        assert not self.errors, self.errors
+
+    def stop(self) -> None:
+        self.sub.stop()
+        self.thread.join(120)
+        assert not self.thread.is_alive()
+        assert not self.errors, self.errors
 
 
 def reader_rows(arrow: pa.Table) -> Counter[tuple[Any, ...]]:

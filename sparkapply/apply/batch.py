@@ -469,6 +469,32 @@ class Applier:
                         remove_orphans(table, [*r.added, *(d.path for d in r.deletes)])
             raise
 
+    def record_requested_cut(self, lsn: Lsn) -> None:
+        """A cut at exactly ``lsn``, asked for by ``sparkapply cut --at-lsn``: every
+        transaction at or below it is applied and none above (the scheduler knows).
+        Not made if a table already holds a later transaction (after a restart that
+        replays what was applied but not acknowledged): no exact cut exists then."""
+        cuts = self.cuts
+        if cuts is None:
+            return
+        past = cuts.applied_past(lsn)
+        if past:
+            log.warning(
+                "cannot cut at %s as asked: %s already hold transactions after it; the "
+                "request is dropped (`sparkapply cut --lsn %s` gives the newest cut before)",
+                lsn,
+                ", ".join(past),
+                lsn,
+            )
+            return
+        staged, cut = cuts.stage([], lsn=lsn, committed_at=None, requested=True)
+        if self.atomic:
+            commit_together(self.catalog, [staged])
+        else:
+            commit_staged(staged)
+        cuts.committed([], cut)
+        log.info("recorded the cut at %s as asked (%d tables)", lsn, len(cut.tables))
+
     def _expire(self, table: Table) -> None:
         """Keep commits cheap: a commit's cost grows with the snapshots a table keeps.
         Snapshots a kept cut names stay (sink/cuts.py); expiry runs once half of

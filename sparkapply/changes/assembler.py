@@ -194,14 +194,22 @@ class Assembler:
     def open_streams(self) -> int:
         return len(self._streams)
 
-    def take_ready(self, max_bytes: int, max_txns: int) -> list[tuple[CommittedTxn, list[int]]]:
-        """Committed transactions for the next batch, in commit order."""
+    def first_ready(self) -> CommittedTxn | None:
+        return self.ready[0][0] if self.ready else None
+
+    def take_ready(
+        self, max_bytes: int, max_txns: int, *, through: Lsn | None = None
+    ) -> list[tuple[CommittedTxn, list[int]]]:
+        """Committed transactions for the next batch, in commit order (those with a
+        commit LSN at most ``through``, if any are)."""
         self.spool.flush_shared()
         out: list[tuple[CommittedTxn, list[int]]] = []
         nbytes = 0
         while self.ready and len(out) < max_txns:
             txn = self.ready[0][0]
             if out and nbytes + txn.nbytes > max_bytes:
+                break
+            if through is not None and txn.commit_lsn > through and out:
                 break
             out.append(self.ready.popleft())
             nbytes += txn.nbytes

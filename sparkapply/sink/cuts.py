@@ -216,6 +216,9 @@ class CutLog:
             ident = _ident(one.table)
             states[self._source_name(ident)] = _TableState(ident, one.snapshot_id, one.lsn)
         named = {n: s for n, s in states.items() if s.snapshot_id is not None and s.applied <= lsn}
+        if committed_at is None:  # a requested cut: the last transaction before it
+            latest = self.latest()
+            committed_at = latest.committed_at if latest is not None else None
         cut = Cut(
             lsn=lsn,
             committed_at=committed_at,
@@ -244,6 +247,11 @@ class CutLog:
             self._cuts = kept([*self._cuts, cut], now, self.retain_seconds)
         if len(current_data_files(self.table)) > MAX_FILES:
             self.prune()
+
+    def applied_past(self, lsn: Lsn) -> list[str]:
+        """Tables already holding a transaction above ``lsn``."""
+        self._refresh_stale()
+        return sorted(n for n, s in self._states.items() if s.applied > lsn)
 
     def latest(self) -> Cut | None:
         with self._guard:

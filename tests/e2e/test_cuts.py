@@ -14,11 +14,14 @@ import psycopg
 import pytest
 
 from sparkapply.cli import main
+from sparkapply.config import load_config
+from sparkapply.errors import CutError
 from sparkapply.lsn import Lsn
-from sparkapply.read import cut_snapshots, latest_cut
+from sparkapply.read import cut_snapshots, latest_cut, wait_for_cut
 from sparkapply.sink.cuts import cuts_identifier, read_cuts
 from sparkapply.sink.read import read_table
-from tests.mirror import Mirror, assert_readers_agree
+from sparkapply.subscriber import Subscriber
+from tests.mirror import Mirror, Running, assert_readers_agree
 from tests.readers import Readers, duckdb_connection
 
 TABLES = ("public.acct_a", "public.acct_b", "public.moves")
@@ -131,3 +134,64 @@ def test_cut_command(mirror: Mirror, tmp_path: Path, capsys: pytest.CaptureFixtu
 
     assert main(["cut", "--config", str(config), "--lsn", "0/1"]) != 0  # no cut that old
     assert main(["cut", "--config", str(config), "--lsn", "nonsense"]) == 2
+
+
+def _numbered(mirror: Mirror, first: int, count: int) -> list[Lsn]:
+    """Transactions inserting ``first`` … into ``moves``; the WAL position after each."""
+    after = []
+    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+        for seq in range(first, first + count):
+            conn.execute("INSERT INTO moves VALUES (%s)", (seq,))
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            assert row is not None
+            after.append(Lsn(row[0]))
+    return after
+
+
+def _seqs_at(mirror: Mirror, cut_tables: dict[str, int]) -> list[int]:
+    moves = mirror.catalog.load_table("public.moves")
+    arrow = read_table(moves, snapshot_id=cut_tables["public.moves"])
+    return sorted(arrow.column("seq").to_pylist())
+
+
+def test_a_requested_cut_lands_exactly_also_when_asked_before_the_run(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    mirror.sql("CREATE TABLE moves (seq int PRIMARY KEY)", "CREATE PUBLICATION pub FOR TABLE moves")
+    mirror.run()
+    config = mirror.write_config(tmp_path / "cut.toml")
+    after = _numbered(mirror, 1, 10)
+    at = after[4]  # transactions 1-5 are at or below it, 6-10 above
+    # No run: the request waits under work_dir, and the command gives up, saying why.
+    with pytest.raises(CutError, match="not running"):
+        wait_for_cut(load_config(config), at, timeout=0.3)
+    # The next run splits what would be one batch at the requested LSN.
+    mirror.run()
+    cut = wait_for_cut(load_config(config), at, timeout=10)
+    assert cut.lsn == at and cut.requested
+    assert _seqs_at(mirror, cut.tables) == [1, 2, 3, 4, 5]
+    mirror.assert_mirrored("public.moves")
+    assert not list((mirror.config.work_dir / "cut-requests").iterdir())
+
+
+def test_a_requested_cut_on_a_live_mirror(
+    mirror: Mirror, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mirror.sql("CREATE TABLE moves (seq int PRIMARY KEY)", "CREATE PUBLICATION pub FOR TABLE moves")
+    mirror.run()
+    config = mirror.write_config(tmp_path / "cut.toml")
+    running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
+    try:
+        after = _numbered(mirror, 1, 6)
+        running.wait_flushed(after[-1])
+        # Idle and caught up: the cut at the server's position now holds everything.
+        capsys.readouterr()
+        now = _numbered(mirror, 7, 1)[-1]
+        assert main(["cut", "--config", str(config), "--at-lsn", str(now), "--json"]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert printed["lsn"] == str(now)
+        assert _seqs_at(mirror, printed["tables"]) == list(range(1, 8))
+        # A position the mirror is past cannot be cut exactly any more.
+        assert main(["cut", "--config", str(config), "--at-lsn", str(after[2])]) == 2
+    finally:
+        running.stop()

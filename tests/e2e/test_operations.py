@@ -9,10 +9,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +29,10 @@ from sparkapply.errors import (
 from sparkapply.lsn import Lsn
 from sparkapply.status import gather
 from sparkapply.subscriber import Subscriber, spark_job_error
-from tests.mirror import Mirror
+from tests.mirror import Mirror, Running
+from tests.mirror import wait_until as _wait
 
 pytestmark = pytest.mark.integration
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def _insert_lsn(dsn: str) -> Lsn:
@@ -68,35 +59,6 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         check=False,
         env={**os.environ, **(env or {})},
     )
-
-
-class Running:
-    """A subscriber running in a thread until stopped."""
-
-    def __init__(self, sub: Subscriber) -> None:
-        self.sub = sub
-        self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, name="test-run", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.sub.run()
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def wait_flushed(self, target: Lsn) -> None:
-        _wait(
-            lambda: self.sub.summary.flushed >= target or bool(self.errors),
-            f"the subscriber to acknowledge {target}",
-        )
-        assert not self.errors, self.errors
-
-    def stop(self) -> None:
-        self.sub.stop()
-        self.thread.join(120)
-        assert not self.thread.is_alive()
-        assert not self.errors, self.errors
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
