@@ -112,6 +112,13 @@ def _cut_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     cut.add_argument(
         "--timeout", type=float, default=60.0, help="seconds --at-lsn waits (default 60)"
     )
+    cut.add_argument(
+        "--tag",
+        metavar="NAME",
+        help="also tag every table at that cut (an Iceberg tag: read it as VERSION AS OF "
+        "'NAME'; kept by expiry until --untag)",
+    )
+    which.add_argument("--untag", metavar="NAME", help="remove the tag NAME from every table")
     cut.add_argument("--json", action="store_true", help="print JSON (for scripts)")
 
 
@@ -123,15 +130,28 @@ def _cut(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if not config.sink.cuts_table:
         raise ConfigError("no cuts are recorded: [sink] cuts_table is empty", key="sink.cuts_table")
+    from sparkapply.sink.atomic import atomic_commits
+    from sparkapply.sink.catalog import open_catalog
+    from sparkapply.sink.cuts import tag_cut, untag
+
     lsn = _lsn_argument(args.lsn, "--lsn")
     at_lsn = _lsn_argument(args.at_lsn, "--at-lsn")
+    catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
+    atomic = config.sink.atomic_commit and atomic_commits(catalog)
+    if args.untag is not None:
+        if args.tag is not None:
+            raise ConfigError("--tag and --untag exclude each other", key="--untag")
+        newest = latest_cut(catalog, cuts_table=config.sink.cuts_table)
+        done = untag(catalog, args.untag, newest.iceberg.values(), atomic=atomic)
+        log.info("removed tag %s from %d tables", args.untag, len(done))
+        return 0
     if at_lsn is not None:
         cut = wait_for_cut(config, at_lsn, timeout=args.timeout)
     else:
-        from sparkapply.sink.catalog import open_catalog
-
-        catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
         cut = latest_cut(catalog, lsn=lsn, cuts_table=config.sink.cuts_table)
+    if args.tag is not None:
+        tagged = tag_cut(catalog, cut, args.tag, atomic=atomic)
+        log.info("tagged %d tables %s at the cut at %s", len(tagged), args.tag, cut.lsn)
     if args.json:
         print(json.dumps(cut.as_json()))
         return 0

@@ -374,10 +374,10 @@ class Subscriber:
                     return True
                 # Waiting for the server's position (to exit, or to make a requested
                 # cut): an idle walsender reports it only when asked.
-                if idle and (target is not None or scheduler.cut_requested()):
-                    if time.monotonic() - last_ping > 1.0:
-                        stream.send_status(reply_requested=True)
-                        last_ping = time.monotonic()
+                waiting = target is not None or scheduler.cut_requested()
+                if idle and waiting and time.monotonic() - last_ping > 1.0:
+                    stream.send_status(reply_requested=True)
+                    last_ping = time.monotonic()
         finally:
             if running is not None:
                 running.cancel()

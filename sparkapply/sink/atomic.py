@@ -170,4 +170,4 @@ def _resolve(swaps: Sequence[_Swap], exc: Exception) -> None:
     """The transaction's commit failed in flight: it landed for every table or for
     none, so the first table tells. Return if it landed; raise otherwise."""
     first = swaps[0].staged
-    resolve_unclear_outcome(first.table, first.snapshot_id, first.lsn, exc)
+    resolve_unclear_outcome(first.table, first.snapshot_id, first.lsn, exc, landed=first.landed)

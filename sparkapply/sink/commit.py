@@ -84,7 +84,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -92,6 +92,7 @@ from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException, parquet_file_to_data_file
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool
 
@@ -128,15 +129,28 @@ ANY_BASE: Literal[_Base.ANY] = _Base.ANY
 
 @dataclass(frozen=True, slots=True)
 class StagedSnapshot:
-    """One table's snapshot, written but for the catalog pointer (:func:`stage_files`)."""
+    """One table's metadata change, written but for the catalog pointer: a snapshot
+    (:func:`stage_files`), or a tag set or removed on ``snapshot_id`` (``ref``:
+    ``cuts.py``)."""
 
     table: Table
     lsn: Lsn
     delta: StagedRowDelta
+    ref: str | None = None
+    removes_ref: bool = False
 
     @property
     def snapshot_id(self) -> int:
         return self.delta.snapshot_id
+
+    def landed(self, metadata: TableMetadata) -> bool:
+        """Whether ``metadata`` (re-read after an unclear outcome) holds this change."""
+        if self.ref is None:
+            return metadata.snapshot_by_id(self.snapshot_id) is not None
+        ref = metadata.refs.get(self.ref)
+        if self.removes_ref:
+            return ref is None
+        return ref is not None and ref.snapshot_id == self.snapshot_id
 
 
 def commit_files(
@@ -337,7 +351,7 @@ def commit_staged(staged: StagedSnapshot) -> None:
             hint="nothing was committed; re-load the table and re-plan the batch",
         ) from exc
     except Exception as exc:
-        resolve_unclear_outcome(table, delta.snapshot_id, lsn, exc)
+        resolve_unclear_outcome(table, delta.snapshot_id, lsn, exc, landed=staged.landed)
         return
     table.metadata = response.metadata
     table.metadata_location = response.metadata_location
@@ -427,8 +441,16 @@ def _describe(table: Table, paths: list[str], lsn: Lsn) -> list[DataFile]:
     return data_files
 
 
-def resolve_unclear_outcome(table: Table, snapshot_id: int, lsn: Lsn, exc: Exception) -> None:
-    """Return if snapshot ``snapshot_id`` did land after all; raise otherwise."""
+def resolve_unclear_outcome(
+    table: Table,
+    snapshot_id: int,
+    lsn: Lsn,
+    exc: Exception,
+    *,
+    landed: Callable[[TableMetadata], bool] | None = None,
+) -> None:
+    """Return if snapshot ``snapshot_id`` (or the change ``landed`` recognises) did land
+    after all; raise otherwise."""
     name = table_name(table)
     try:
         table.refresh()
@@ -441,7 +463,8 @@ def resolve_unclear_outcome(table: Table, snapshot_id: int, lsn: Lsn, exc: Excep
             hint="do not remove the added files; on restart applied_lsn tells whether the "
             "snapshot landed",
         ) from exc
-    if table.metadata.snapshot_by_id(snapshot_id) is not None:
+    found = landed or (lambda m: m.snapshot_by_id(snapshot_id) is not None)
+    if found(table.metadata):
         logger.warning(
             "table %s: commit reported %s: %s, but snapshot %s is in the table: it landed",
             name,

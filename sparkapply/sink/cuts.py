@@ -52,15 +52,25 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    RemoveSnapshotRefUpdate,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
 from pyiceberg.types import BooleanType, LongType, NestedField, StringType, TimestamptzType
 
 from sparkapply import location
-from sparkapply.errors import SinkError
+from sparkapply.errors import CommitConflictError, CutError, SinkError
 from sparkapply.lsn import Lsn
 from sparkapply.sink.arrow import arrow_schema_of
-from sparkapply.sink.commit import StagedSnapshot, commit_files, stage_files
+from sparkapply.sink.atomic import commit_together
+from sparkapply.sink.commit import StagedSnapshot, commit_files, commit_staged, stage_files
 from sparkapply.sink.files import current_data_files, current_snapshot_id
 from sparkapply.sink.progress import applied_lsn
+from sparkapply.sink.rowdelta import StagedRowDelta
 from sparkapply.sink.tables import TableIdentifier, data_directory, ensure_table, table_name
 
 logger = logging.getLogger(__name__)
@@ -364,3 +374,91 @@ def _cuts_of(rows: Iterable[Mapping[str, object]]) -> list[Cut]:
         cut.tables[source] = int(row["snapshot_id"])  # type: ignore[call-overload]
         cut.iceberg[source] = str(row["iceberg_table"])
     return [by_lsn[k] for k in sorted(by_lsn)]
+
+
+# -- named cuts: Iceberg tags ---------------------------------------------------------
+
+
+def tag_cut(catalog: Catalog, cut: Cut, name: str, *, atomic: bool) -> list[str]:
+    """Put the tag ``name`` on every table of ``cut`` at its snapshot: in one catalog
+    transaction when ``atomic``, otherwise table by table. A tag is a head: expiry
+    keeps its snapshot (and files) until :func:`untag`. Returns the tagged tables."""
+    _check_tag_name(name)
+    staged = []
+    for source, snapshot_id in sorted(cut.tables.items()):
+        table = catalog.load_table(cut.iceberg.get(source, source))
+        if table.metadata.snapshot_by_id(snapshot_id) is None:
+            raise CutError(
+                f"snapshot {snapshot_id} of the cut at {cut.lsn} is expired",
+                table=source,
+                hint="tag a newer cut (cuts older than [maintenance] retain_seconds are thinned)",
+            )
+        if name in table.metadata.refs:
+            raise CutError(
+                f"table {source} already has a ref named {name!r}",
+                table=source,
+                hint=f"`sparkapply cut --untag {name}` first, or choose another name",
+            )
+        # pyiceberg's pydantic models take field names; mypy knows only their aliases.
+        update = SetSnapshotRefUpdate(  # type: ignore[call-arg]
+            ref_name=name,
+            type=SnapshotRefType.TAG,
+            snapshot_id=snapshot_id,
+        )
+        require = AssertRefSnapshotId(ref=name, snapshot_id=None)  # type: ignore[call-arg]
+        staged.append(_ref_change(table, cut.lsn, snapshot_id, name, update, require))
+    _commit_refs(catalog, staged, atomic=atomic)
+    return [table_name(s.table) for s in staged]
+
+
+def untag(catalog: Catalog, name: str, tables: Iterable[str], *, atomic: bool) -> list[str]:
+    """Remove the tag ``name`` from ``tables`` (Iceberg names) that have it."""
+    _check_tag_name(name)
+    staged = []
+    for iceberg in sorted(set(tables)):
+        table = catalog.load_table(iceberg)
+        ref = table.metadata.refs.get(name)
+        if ref is None or ref.snapshot_ref_type != SnapshotRefType.TAG:
+            continue
+        update = RemoveSnapshotRefUpdate(ref_name=name)  # type: ignore[call-arg]
+        require = AssertRefSnapshotId(ref=name, snapshot_id=ref.snapshot_id)  # type: ignore[call-arg]
+        staged.append(
+            _ref_change(table, Lsn(0), ref.snapshot_id, name, update, require, removes=True)
+        )
+    _commit_refs(catalog, staged, atomic=atomic)
+    return [table_name(s.table) for s in staged]
+
+
+def _check_tag_name(name: str) -> None:
+    if not name or name == MAIN_BRANCH:
+        raise CutError(
+            f"{name!r} cannot be a tag name", hint="name the cut, e.g. month-end-2026-11"
+        )
+
+
+def _ref_change(
+    table: Table,
+    lsn: Lsn,
+    snapshot_id: int,
+    name: str,
+    update: TableUpdate,
+    require: TableRequirement,
+    *,
+    removes: bool = False,
+) -> StagedSnapshot:
+    delta = StagedRowDelta(snapshot_id, (update,), (require,), [])
+    return StagedSnapshot(table, lsn, delta, ref=name, removes_ref=removes)
+
+
+def _commit_refs(catalog: Catalog, staged: Sequence[StagedSnapshot], *, atomic: bool) -> None:
+    try:
+        if atomic:
+            commit_together(catalog, staged)
+        else:
+            for one in staged:
+                commit_staged(one)
+    except CommitConflictError as exc:
+        raise CutError(
+            f"a table changed its tags meanwhile: {exc.message}",
+            hint="nothing was changed; run the command again",
+        ) from exc

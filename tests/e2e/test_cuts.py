@@ -5,8 +5,11 @@ numbered and which never changes the total of two tables."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,8 +20,11 @@ from sparkapply.cli import main
 from sparkapply.config import load_config
 from sparkapply.errors import CutError
 from sparkapply.lsn import Lsn
+from sparkapply.maintain.plan import health
 from sparkapply.read import cut_snapshots, latest_cut, wait_for_cut
+from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.cuts import cuts_identifier, read_cuts
+from sparkapply.sink.maintenance import expire_and_delete
 from sparkapply.sink.read import read_table
 from sparkapply.subscriber import Subscriber
 from tests.mirror import Mirror, Running, assert_readers_agree
@@ -195,3 +201,111 @@ def test_a_requested_cut_on_a_live_mirror(
         assert main(["cut", "--config", str(config), "--at-lsn", str(after[2])]) == 2
     finally:
         running.stop()
+
+
+def test_a_tagged_cut_survives_expiry_and_reads_by_name(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.sql(
+        "CREATE TABLE moves (seq int PRIMARY KEY)",
+        "CREATE TABLE other (id int PRIMARY KEY)",
+        "CREATE PUBLICATION pub FOR TABLE moves, other",
+    )
+    mirror.run()
+    _numbered(mirror, 1, 3)
+    mirror.sql("INSERT INTO other VALUES (1)")
+    mirror.run()
+    config = str(mirror.write_config(tmp_path / "cut.toml"))
+    tagged = latest_cut(mirror.catalog)
+    assert main(["cut", "--config", config, "--tag", "close-2026-11"]) == 0
+    assert main(["cut", "--config", config, "--tag", "close-2026-11"]) == 2  # exists
+    for _ in range(3):
+        _numbered(mirror, len(_seqs_at(mirror, latest_cut(mirror.catalog).tables)) + 1, 2)
+        mirror.run()
+    # Expire everything expiry may take: the tagged snapshots stay, with their files.
+    for name in ("public.moves", "public.other"):
+        table = mirror.catalog.load_table(name)
+        expire_and_delete(table, older_than=dt.datetime.now(dt.UTC), retain_last=1)
+        table = mirror.catalog.load_table(name)
+        by_name = table.snapshot_by_name("close-2026-11")
+        assert by_name is not None and by_name.snapshot_id == tagged.tables[name]
+        kept = {table.metadata.current_snapshot_id, tagged.tables[name]}
+        assert {s.snapshot_id for s in table.metadata.snapshots} == kept
+    moves = mirror.catalog.load_table("public.moves")
+    snapshot_id = tagged.tables["public.moves"]
+    assert sorted(read_table(moves, snapshot_id=snapshot_id).column("seq").to_pylist()) == [1, 2, 3]
+    with duckdb_connection() as con:  # DuckDB, at the snapshot the tag names
+        rows = con.execute(
+            "SELECT seq FROM iceberg_scan(?, snapshot_from_id => ?) ORDER BY seq",
+            [moves.metadata_location, snapshot_id],
+        ).fetchall()
+    assert [r[0] for r in rows] == [1, 2, 3]
+
+    assert main(["cut", "--config", config, "--untag", "close-2026-11"]) == 0
+    for name in ("public.moves", "public.other"):
+        assert "close-2026-11" not in mirror.catalog.load_table(name).metadata.refs
+
+
+def test_a_reader_at_the_latest_cut_never_sees_half_a_transaction(mirror: Mirror) -> None:
+    """Transfers between two tables, each in one transaction, while the mirror runs
+    with maintenance compacting and expiring as often as it can; a reader reads the
+    latest cut and both tables at it, from a fresh catalog each pass."""
+    mirror.config = replace(
+        mirror.config,
+        maintenance=replace(
+            mirror.config.maintenance,
+            max_data_files=2,
+            max_delete_files=2,
+            retain_snapshots=1,
+            retain_seconds=1.0,
+        ),
+        sink=replace(mirror.config.sink, retain_snapshots=2),
+    )
+    mirror.sql(
+        "CREATE TABLE acct_a (id int PRIMARY KEY, bal int)",
+        "CREATE TABLE acct_b (id int PRIMARY KEY, bal int)",
+        "CREATE TABLE moves (seq int PRIMARY KEY)",
+        "INSERT INTO acct_a SELECT g, 100 FROM generate_series(1, 10) g",
+        "INSERT INTO acct_b SELECT g, 100 FROM generate_series(1, 10) g",
+        "CREATE PUBLICATION pub FOR TABLE acct_a, acct_b, moves",
+    )
+    mirror.run()
+    stop = threading.Event()
+    moved: list[int] = []
+
+    def writer() -> None:
+        rng = random.Random(11)
+        while not stop.is_set():
+            moved.extend(_moves(mirror, len(moved) + 1, 5, rng))
+            time.sleep(0.05)
+
+    running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    passes, cuts_seen = 0, set()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline or passes < 20:
+            catalog = open_catalog("sparkapply", mirror.config.catalog_properties())
+            try:
+                cut = latest_cut(catalog)
+            except CutError:
+                continue  # no batch yet
+            tables = {t: catalog.load_table(t) for t in TABLES}
+            read = {t: read_table(tables[t], snapshot_id=cut.tables[t]) for t in TABLES}
+            total = sum(read["public.acct_a"].column("bal").to_pylist()) + sum(
+                read["public.acct_b"].column("bal").to_pylist()
+            )
+            assert total == TOTAL, (str(cut.lsn), total)
+            seqs = sorted(read["public.moves"].column("seq").to_pylist())
+            assert seqs == list(range(1, len(seqs) + 1)), str(cut.lsn)
+            passes += 1
+            cuts_seen.add(cut.lsn)
+    finally:
+        stop.set()
+        thread.join(30)
+        running.stop()
+    assert len(cuts_seen) > 3, cuts_seen  # the reader saw the mirror move
+    mirror.run()
+    mirror.assert_mirrored(*TABLES)
+    # Maintenance compacted meanwhile: without it each batch left a data file.
+    data_files = health(mirror.catalog.load_table("public.acct_a")).data_files
+    assert data_files < len(cuts_seen), (data_files, len(cuts_seen))

@@ -46,7 +46,7 @@ def _data_files(mirror: Mirror) -> set[str]:
 
 def _unreferenced(mirror: Mirror, *tables: str) -> set[str]:
     keep: set[str] = set()
-    for name in tables:
+    for name in (*tables, "sparkapply.cuts"):  # every batch records a cut
         ns, table = name.split(".")
         keep |= referenced_files(mirror.catalog.load_table((ns, table)))
     return {p for p in _data_files(mirror) if p not in keep}
