@@ -111,6 +111,7 @@ def commit_together(catalog: Catalog, staged: Sequence[StagedSnapshot]) -> None:
         _resolve(swaps, exc)
     else:
         session.close()
+    failpoint("after-catalog-swap")
     for swap in swaps:
         table = swap.staged.table
         table.metadata = swap.new.metadata

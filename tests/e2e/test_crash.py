@@ -7,6 +7,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from sparkapply.errors import CutError
+from sparkapply.read import latest_cut
+from sparkapply.sink.catalog import open_catalog
+from sparkapply.sink.progress import applied_lsn, lineage_lsn
 from tests.conftest import PgServer
 from tests.mirror import Mirror
 
@@ -49,6 +53,8 @@ def _workload(mirror: Mirror, pg_server: PgServer) -> None:
         "deletes-written",  # position-delete files written (merge-on-read), not committed
         "before-catalog-swap",  # every table's metadata written, no pointer swapped
         "before-catalog-swap:3",  # a later batch
+        "after-catalog-swap",  # every pointer swapped, nothing acknowledged
+        "after-catalog-swap:2",
         "before-ack",  # every table committed, nothing acknowledged
         # Committed table by table ([sink] atomic_commit = false, or a catalog that
         # cannot): one table of a batch committed, the other not.
@@ -73,8 +79,26 @@ def test_kill_and_restart(
         atomic_commit=not per_table,
         batch_max_transactions=3,
     )
+    if not per_table:  # all of a batch or none of it, its cut included
+        _assert_tables_at_the_latest_cut(mirror, ("public.a", "public.b"))
     mirror.run()
     mirror.assert_mirrored("public.a", "public.b")
+
+
+def _assert_tables_at_the_latest_cut(mirror: Mirror, tables: tuple[str, ...]) -> None:
+    catalog = open_catalog("check", mirror.config.catalog_properties())
+    try:
+        cut = latest_cut(catalog)
+    except CutError:  # killed before the first batch committed
+        return
+    for table in tables:
+        if table not in cut.tables:
+            continue
+        # The cut's snapshot holds what the table holds now (maintenance may have
+        # rewritten it since: same rows, same LSN).
+        iceberg = catalog.load_table(table)
+        at_cut = lineage_lsn(iceberg.metadata, cut.tables[table])
+        assert at_cut == applied_lsn(iceberg), (table, str(cut.lsn), at_cut)
 
 
 def test_kill_between_prepare_and_commit_prepared(
