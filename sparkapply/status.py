@@ -17,12 +17,15 @@ from typing import Any
 
 import psycopg
 
+from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
 from sparkapply.copy.snapshot import published_tables
-from sparkapply.errors import SourceError
+from sparkapply.errors import CutError, SourceError
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
+from sparkapply.read import latest_cut
+from sparkapply.sink.atomic import commit_mode
 from sparkapply.sink.stats import TableStats, table_stats
 from sparkapply.source.connection import describe_dsn
 from sparkapply.workdir import pending_prepared, spool_bytes
@@ -69,6 +72,9 @@ class Status:
     prepared: list[PreparedStatus] = field(default_factory=list)
     spool_bytes: int = 0
     pending_skip: str | None = None  # the LSN `sparkapply skip` asked for, not yet done
+    commits: str = ""  # how a batch commits: atomic (one catalog transaction) or not
+    latest_cut: str | None = None  # LSN of the newest cut (sink/cuts.py)
+    cut_requests: list[str] = field(default_factory=list)  # `cut --at-lsn` not yet made
 
 
 def gather(config: Config, catalog: Any | None = None) -> Status:
@@ -103,6 +109,7 @@ def gather(config: Config, catalog: Any | None = None) -> Status:
         for e in pending_prepared(config.work_dir)
     ]
     skip = SkipStore(config.work_dir).get()
+    commits = commit_mode(catalog) if config.sink.atomic_commit else "table by table (configured)"
     return Status(
         publisher=where,
         slot=slot,
@@ -110,7 +117,19 @@ def gather(config: Config, catalog: Any | None = None) -> Status:
         prepared=prepared,
         spool_bytes=spool_bytes(config.work_dir),
         pending_skip=None if skip is None else str(skip.lsn),
+        commits=commits,
+        latest_cut=_latest_cut(config, catalog),
+        cut_requests=[str(lsn) for lsn in CutRequests(config.work_dir).pending()],
     )
+
+
+def _latest_cut(config: Config, catalog: Any) -> str | None:
+    if not config.sink.cuts_table:
+        return None
+    try:
+        return str(latest_cut(catalog, cuts_table=config.sink.cuts_table).lsn)
+    except CutError:  # none yet
+        return None
 
 
 def pg_timestamp(micros: int) -> dt.datetime:
@@ -183,6 +202,10 @@ def render_text(status: Status) -> str:
             f"{_bytes(s.retained_bytes)}" + (f" ({s.wal_status})" if s.wal_status else "")
         )
     lines.append(f"spool      {_bytes(status.spool_bytes)}")
+    lines.append(f"commits    {status.commits}")
+    cut = status.latest_cut or "none yet"
+    asked = f" (asked for: {', '.join(status.cut_requests)})" if status.cut_requests else ""
+    lines.append(f"cuts       latest at {cut}{asked}")
     if status.pending_skip:
         lines.append(f"skip       transaction at {status.pending_skip} (pending)")
     lines.append("")

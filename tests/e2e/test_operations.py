@@ -120,6 +120,9 @@ def test_status_and_metrics_while_running_and_after(mirror: Mirror, tmp_path: Pa
         assert table.applied_lsn is not None and Lsn.parse(table.applied_lsn) < target
         assert table.last_commit is not None
         assert dt.datetime.now(dt.UTC) - table.last_commit < dt.timedelta(minutes=5)
+        assert status.commits.startswith("atomic")
+        assert status.latest_cut is not None and Lsn.parse(status.latest_cut) < target
+        assert status.latest_cut == table.applied_lsn  # the table's last batch cut there
         (prepared,) = status.prepared
         assert prepared.gid == "gx"
         assert dt.datetime.now(dt.UTC) - prepared.since < dt.timedelta(minutes=5)
@@ -137,10 +140,12 @@ def test_status_and_metrics_while_running_and_after(mirror: Mirror, tmp_path: Pa
     assert data["slot"]["exists"] and not data["slot"]["active"]
     assert data["tables"][0]["rows"] == 450
     assert data["prepared"][0]["gid"] == "gx"
+    assert data["commits"].startswith("atomic") and data["latest_cut"] is not None
     proc = _cli("status", "--config", str(cfg))
     assert proc.returncode == 0, proc.stderr
     assert "inactive" in proc.stdout and "public.t" in proc.stdout and "gx" in proc.stdout
     assert "450" in proc.stdout
+    assert f"cuts       latest at {data['latest_cut']}" in proc.stdout
     mirror.sql("COMMIT PREPARED 'gx'")
 
 
