@@ -130,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-maintenance", action="store_true", help="[maintenance] enabled = false"
     )
     parser.add_argument(
+        "--no-cuts",
+        action="store_true",
+        help='[sink] atomic_commit = false, cuts_table = "": tables commit one by one and '
+        "no cut is recorded (the commit before cuts, to measure their cost)",
+    )
+    parser.add_argument(
         "--no-freeze-walsender",
         action="store_true",
         help="freeze sparkapply alone: its walsender decodes ahead into the socket",
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = make_workload(args)
     options = RaceOptions(
         maintenance=not args.no_maintenance,
+        cuts=not args.no_cuts,
         freeze_walsender=not args.no_freeze_walsender,
         native_synchronous_commit=args.native_synchronous_commit,
         timeout=args.timeout,
@@ -228,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
                 "copy_data": True,
             },
             "sparkapply_config": sparkapply_config_text(
-                Path("<work_dir>"), "<dsn>", "<slot>", maintenance=options.maintenance
+                Path("<work_dir>"),
+                "<dsn>",
+                "<slot>",
+                maintenance=options.maintenance,
+                cuts=options.cuts,
             ),
             "freeze_walsender": options.freeze_walsender,
         },

@@ -59,10 +59,14 @@ class LiveConsumer(Protocol):
         """Raise SystemExit if the consumer has failed."""
 
 
-def sparkapply_config_text(work_dir: Path, dsn: str, slot: str, *, maintenance: bool = True) -> str:
+def sparkapply_config_text(
+    work_dir: Path, dsn: str, slot: str, *, maintenance: bool = True, cuts: bool = True
+) -> str:
     """The config a user writes for one machine: the source, the work dir, the SQL
     catalog beside it and ``local[2]``; everything else at its default (maintenance
-    on), unless ``maintenance`` is False."""
+    on, one catalog transaction per batch with its cut), unless ``maintenance`` or
+    ``cuts`` is False (then tables commit one by one and no cut is recorded, as before
+    cuts existed)."""
 
     def q(value: object) -> str:  # a TOML basic string (JSON's escapes are TOML's)
         return json.dumps(str(value))
@@ -75,6 +79,7 @@ def sparkapply_config_text(work_dir: Path, dsn: str, slot: str, *, maintenance: 
         f"publication = {q(PUBLICATION)}",
         f"slot = {q(slot)}",
         "",
+        *([] if cuts else ["[sink]", "atomic_commit = false", 'cuts_table = ""', ""]),
         "[sink.catalog]",
         'type = "sql"',
         'uri = "sqlite:///{work_dir}/catalog.db"',
@@ -276,6 +281,7 @@ class SparkapplyProcess:
         *,
         maintenance: bool = True,
         freeze_walsender: bool = True,
+        cuts: bool = True,
     ) -> None:
         self.name = "sparkapply"
         self.dir = directory
@@ -285,7 +291,7 @@ class SparkapplyProcess:
         self.work_dir = self.dir / "work"
         self.config_path = self.dir / "sparkapply.toml"
         self.config_text = sparkapply_config_text(
-            self.work_dir, pub.dsn(), slot, maintenance=maintenance
+            self.work_dir, pub.dsn(), slot, maintenance=maintenance, cuts=cuts
         )
         self.config_path.write_text(self.config_text)
         self.log_path = self.dir / "sparkapply.log"

@@ -166,6 +166,7 @@ class PgbenchWorkload:
 @dataclass(frozen=True, slots=True)
 class RaceOptions:
     maintenance: bool = True  # sparkapply's [maintenance] enabled (its default: on)
+    cuts: bool = True  # one catalog transaction per batch with its cut (the default)
     freeze_walsender: bool = True  # SIGSTOP sparkapply's walsender with it
     native_synchronous_commit: str = "on"  # the subscription's synchronous_commit
     timeout: float = 1800.0  # per drain
@@ -206,6 +207,7 @@ class Round:
             f"sparkapply_r{index}",
             maintenance=options.maintenance,
             freeze_walsender=options.freeze_walsender,
+            cuts=options.cuts,
         )
         self.native: NativeSubscription | None = None
         self.expected: dict[str, list[str]] = {}
