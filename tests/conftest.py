@@ -53,6 +53,14 @@ class PgServer:
     def dsn(self, dbname: str) -> str:
         return psycopg.conninfo.make_conninfo(self.admin_dsn, dbname=dbname)
 
+    def sqlalchemy_url(self, dbname: str) -> str:
+        """A database as a SQLAlchemy URL for psycopg 3 (a SQL catalog's ``uri``)."""
+        p = psycopg.conninfo.conninfo_to_dict(self.dsn(dbname))
+        auth = str(p.get("user", ""))
+        if p.get("password"):
+            auth += f":{p['password']}"
+        return f"postgresql+psycopg://{auth}@/{dbname}?host={p['host']}&port={p.get('port', 5432)}"
+
     def create_database(self, prefix: str = "t") -> str:
         name = f"{prefix}_{os.getpid()}_{next(self._counter)}"
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:

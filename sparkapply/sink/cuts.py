@@ -255,7 +255,7 @@ class CutLog:
         now = dt.datetime.now(dt.UTC)
         with self._guard:
             self._cuts = kept([*self._cuts, cut], now, self.retain_seconds)
-        if len(current_data_files(self.table)) > MAX_FILES:
+        if _data_file_count(self.table) > MAX_FILES:
             self.prune()
 
     def applied_past(self, lsn: Lsn) -> list[str]:
@@ -316,6 +316,15 @@ def protected_snapshots(
     since = now - dt.timedelta(seconds=retain_seconds)
     cuts = kept(read_cuts(catalog.load_table(identifier), since=since), now, retain_seconds)
     return lambda ident: _named(cuts, ident)
+
+
+def _data_file_count(table: Table) -> int:
+    """From the snapshot summary: reading the manifests after every batch would cost
+    more than the cut itself."""
+    snapshot = table.current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    return int(snapshot.summary.additional_properties.get("total-data-files", 0))
 
 
 def _ident(table: Table) -> TableIdentifier:

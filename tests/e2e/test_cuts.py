@@ -22,11 +22,13 @@ from sparkapply.errors import CutError
 from sparkapply.lsn import Lsn
 from sparkapply.maintain.plan import health
 from sparkapply.read import cut_snapshots, latest_cut, wait_for_cut
+from sparkapply.sink.atomic import atomic_commits
 from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.cuts import cuts_identifier, read_cuts
 from sparkapply.sink.maintenance import expire_and_delete
 from sparkapply.sink.read import read_table
 from sparkapply.subscriber import Subscriber
+from tests.conftest import PgServer
 from tests.mirror import Mirror, Running, assert_readers_agree
 from tests.readers import Readers, duckdb_connection
 
@@ -309,3 +311,46 @@ def test_a_reader_at_the_latest_cut_never_sees_half_a_transaction(mirror: Mirror
     # Maintenance compacted meanwhile: without it each batch left a data file.
     data_files = health(mirror.catalog.load_table("public.acct_a")).data_files
     assert data_files < len(cuts_seen), (data_files, len(cuts_seen))
+
+
+def test_a_postgresql_catalog_holds_the_mirror_as_one_database(
+    mirror: Mirror, pg_server: PgServer, tmp_path: Path
+) -> None:
+    """The SQL catalog in a PostgreSQL database of its own (as Iceberg's Java
+    JdbcCatalog reads it): batches commit atomically there too."""
+    name = pg_server.create_database("catalog")
+    try:
+        uri = pg_server.sqlalchemy_url(name)
+        catalog_props = {**mirror.config.sink.catalog, "uri": uri}
+        mirror.config = replace(
+            mirror.config,
+            sink=replace(mirror.config.sink, catalog=catalog_props),
+            apply=replace(mirror.config.apply, batch_max_transactions=4),
+        )
+        mirror.sql(
+            "CREATE TABLE acct_a (id int PRIMARY KEY, bal int)",
+            "CREATE TABLE acct_b (id int PRIMARY KEY, bal int)",
+            "CREATE TABLE moves (seq int PRIMARY KEY)",
+            "INSERT INTO acct_a SELECT g, 100 FROM generate_series(1, 10) g",
+            "INSERT INTO acct_b SELECT g, 100 FROM generate_series(1, 10) g",
+            "CREATE PUBLICATION pub FOR TABLE acct_a, acct_b, moves",
+        )
+        mirror.run()
+        assert atomic_commits(mirror.catalog)
+        _moves(mirror, 1, 12, random.Random(3))
+        mirror.run()
+        mirror.assert_mirrored(*TABLES)
+        cut = latest_cut(mirror.catalog)
+        for table in TABLES:
+            current = mirror.catalog.load_table(table).metadata.current_snapshot_id
+            assert cut.tables[table] == current
+        # The pointers live in PostgreSQL, where JdbcCatalog finds them.
+        with psycopg.connect(pg_server.dsn(name)) as conn:
+            rows = conn.execute(
+                "SELECT table_namespace, table_name FROM iceberg_tables ORDER BY 1, 2"
+            ).fetchall()
+        assert ("public", "acct_a") in rows and ("sparkapply", "cuts") in rows
+    finally:
+        if mirror.catalog is not None:
+            mirror.catalog.engine.dispose()
+        pg_server.drop_database(name)

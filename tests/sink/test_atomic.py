@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
@@ -33,16 +32,6 @@ from .executor_files import write_orders
 LINES = ("public", "lines")
 
 
-def sqlalchemy_url(dsn: str) -> str:
-    """A libpq DSN as a SQLAlchemy URL for psycopg 3 (unix socket or TCP)."""
-    p = psycopg.conninfo.conninfo_to_dict(dsn)
-    auth = str(p.get("user", ""))
-    if p.get("password"):
-        auth += f":{p['password']}"
-    query = f"?host={p['host']}&port={p.get('port', 5432)}"
-    return f"postgresql+psycopg://{auth}@/{p['dbname']}{query}"
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def sql_catalog(
     request: pytest.FixtureRequest, tmp_path: Path, pg_server: PgServer
@@ -53,7 +42,7 @@ def sql_catalog(
         return
     name = pg_server.create_database("catalog")
     try:
-        uri = sqlalchemy_url(pg_server.dsn(name))
+        uri = pg_server.sqlalchemy_url(name)
         catalog = open_catalog("test", {"type": "sql", "uri": uri, "warehouse": str(tmp_path)})
         yield catalog
         catalog.engine.dispose()  # type: ignore[attr-defined]
