@@ -1,15 +1,18 @@
-"""Apply one batch of committed transactions: tables, one Spark job, one commit per table.
+"""Apply one batch of committed transactions: tables, one Spark job, one commit.
 
 The driver half of the apply. ORDERING
     The batch's transactions are in source commit order. Per table they form a chain
     (see :mod:`sparkapply.plan.graph`); one Spark task folds a table's chain and writes
     its files (new row versions as data files, replaced rows as position deletes:
-    merge-on-read); the driver commits one snapshot per table stamped with the commit
-    LSN of the last transaction it contains.
+    merge-on-read); the driver stages one snapshot per table stamped with the commit
+    LSN of the last transaction it contains, and the batch's cut (sink/cuts.py), and
+    commits them in one catalog transaction where the catalog can (sink/atomic.py),
+    else one table after another and the cut last.
 
 FAILURE AND RESTART
-    Nothing is acknowledged until every table of the batch has committed. A crash
-    between two tables' commits leaves them at different applied LSNs; on restart the
+    Nothing is acknowledged until every table of the batch has committed. Committing
+    table by table, a crash between two tables' commits leaves them at different
+    applied LSNs; on restart the
     server re-sends from the slot's confirmed position and each table skips the
     transactions at or below its own applied LSN, so nothing is applied twice.
     A failed task or commit removes the files the batch wrote (orphans) and raises.

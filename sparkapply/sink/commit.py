@@ -1,4 +1,5 @@
 """The commit: one Iceberg snapshot per table per batch, stamped with the source LSN.
+(Several tables in one catalog transaction: ``atomic.py``.)
 
 THE COMMIT
 
@@ -37,9 +38,13 @@ WHAT IS DURABLE WHEN (and what a crash at each point leaves)
 5. Crash after 4, before the flush LSN is acknowledged: the restart reads the new
    applied LSN and skips the replayed transactions at or below it for this table.
 
-Tables commit one after another, so a crash between two tables' commits leaves them at
-different LSNs; each skips exactly its own applied prefix on replay. The subscriber
-acknowledges at most the smallest applied LSN of the tables a batch touched.
+The apply stages every table of a batch (:func:`stage_files`: steps 1-3 but the
+metadata file) and commits them together in one catalog transaction where the catalog
+can (``atomic.py``: step 4 once for the whole batch, with its cut). Otherwise tables
+commit one after another (:func:`commit_staged`), so a crash between two tables'
+commits leaves them at different LSNs; each skips exactly its own applied prefix on
+replay. The subscriber acknowledges at most the smallest applied LSN of the tables a
+batch touched.
 
 Durability is that of the catalog and the FileIO: a process crash loses nothing
 committed; surviving an OS crash or power loss also needs the metadata and data files
