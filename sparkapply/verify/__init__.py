@@ -1,0 +1,1 @@
+"""``sparkapply verify``: the mirror against the publisher at one exact LSN."""

@@ -1,0 +1,169 @@
+"""The canonical text (verify/canonical.py), type by type: PostgreSQL's side computed
+by the server in SQL, Iceberg's over the Arrow values the mirror holds for the same
+values (written out here by the documented type mapping, special values included)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+from psycopg import sql
+
+from sparkapply.convert.types import PgColumnType, column_target
+from sparkapply.source.connection import session_conninfo
+from sparkapply.verify.canonical import (
+    arrow_text,
+    row_text,
+    sql_bucket,
+    sql_hash,
+    sql_row_text,
+    sql_text,
+    text_bucket,
+    text_hash,
+)
+
+UTC = dt.UTC
+D = dt.date
+T = dt.datetime
+FIRST, LAST = D(1, 1, 1), D(9999, 12, 31)
+TS_FIRST, TS_LAST = T(1, 1, 1), T(9999, 12, 31, 23, 59, 59, 999999)
+
+# (PostgreSQL type, SQL literals, the Arrow values the mirror holds, their Arrow type)
+CASES: list[tuple[str, list[str], list[Any], pa.DataType]] = [
+    ("int2", ["0", "-32768", "32767", "NULL"], [0, -32768, 32767, None], pa.int32()),
+    ("int4", ["-2147483648", "7"], [-2147483648, 7], pa.int32()),
+    ("int8", ["-9223372036854775808", "9223372036854775807"], [-(2**63), 2**63 - 1], pa.int64()),
+    ("oid", ["4294967295", "0"], [4294967295, 0], pa.int64()),
+    (
+        "float4",
+        ["1.1", "'NaN'", "'Infinity'", "'-Infinity'", "'-0'", "3.4e38", "1e-45", "NULL"],
+        [1.1, math.nan, math.inf, -math.inf, -0.0, 3.4e38, 1e-45, None],
+        pa.float32(),
+    ),
+    (
+        "float8",
+        ["0.1", "'NaN'", "'-Infinity'", "'-0'", "1e308", "5e-324", "1e15", "NULL"],
+        [0.1, math.nan, -math.inf, -0.0, 1e308, 5e-324, 1e15, None],
+        pa.float64(),
+    ),
+    (
+        "numeric(10,2)",
+        ["1.5", "-0.01", "'NaN'", "12345678.90", "0", "NULL"],
+        [Decimal("1.50"), Decimal("-0.01"), None, Decimal("12345678.90"), Decimal("0.00"), None],
+        pa.decimal128(10, 2),
+    ),
+    (
+        "numeric(38,10)",
+        ["0.0000000001", "-1234567890123456789012345678.0123456789"],
+        [Decimal("0.0000000001"), Decimal("-1234567890123456789012345678.0123456789")],
+        pa.decimal128(38, 10),
+    ),
+    (
+        "numeric",
+        ["1.500", "'NaN'", "1e-20"],
+        ["1.500", "NaN", "0.00000000000000000001"],
+        pa.large_string(),
+    ),
+    ("bool", ["true", "false", "NULL"], [True, False, None], pa.bool_()),
+    ("text", ["'a'", "''", "'ünïcode ✓'", "NULL"], ["a", "", "ünïcode ✓", None], pa.large_string()),
+    ("varchar(5)", ["'ab'"], ["ab"], pa.large_string()),
+    ("char(4)", ["'ab'", "'abcd'"], ["ab  ", "abcd"], pa.large_string()),
+    ("name", ["'x'"], ["x"], pa.large_string()),
+    ("bytea", ["'\\x00ff10'", "''"], [b"\x00\xff\x10", b""], pa.large_binary()),
+    (
+        "date",
+        [
+            "'2026-11-24'",
+            "'infinity'",
+            "'-infinity'",
+            "'4713-01-01 BC'",
+            "'12345-01-01'",
+            "'1969-12-31'",
+        ],
+        [D(2026, 11, 24), LAST, FIRST, FIRST, LAST, D(1969, 12, 31)],
+        pa.date32(),
+    ),
+    (
+        "time",
+        ["'10:00:00.5'", "'24:00:00'", "'00:00:00'"],
+        [dt.time(10, 0, 0, 500000), dt.time(23, 59, 59, 999999), dt.time(0)],
+        pa.time64("us"),
+    ),
+    (
+        "timestamp",
+        ["'2026-11-24 10:00:00.123456'", "'infinity'", "'-infinity'", "'1900-01-01'"],
+        [T(2026, 11, 24, 10, 0, 0, 123456), TS_LAST, TS_FIRST, T(1900, 1, 1)],
+        pa.timestamp("us"),
+    ),
+    (
+        "timestamptz",
+        ["'2026-11-24 10:00:00+02'", "'infinity'", "'1850-06-01 12:00:00+00'"],
+        [
+            T(2026, 11, 24, 8, tzinfo=UTC),
+            TS_LAST.replace(tzinfo=UTC),
+            T(1850, 6, 1, 12, tzinfo=UTC),
+        ],
+        pa.timestamp("us", tz="UTC"),
+    ),
+    (
+        "uuid",
+        ["'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'"],
+        [uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11").bytes],
+        pa.uuid(),
+    ),
+    ("json", ["'{\"a\":  1}'"], ['{"a":  1}'], pa.large_string()),
+    ("jsonb", ['\'{"b": 2, "a": 1}\''], ['{"a": 1, "b": 2}'], pa.large_string()),
+    ("interval", ["'1 day 02:00'", "'-3 mons'"], ["1 day 02:00:00", "-3 mons"], pa.large_string()),
+    ("timetz", ["'10:00:00+02'"], ["10:00:00+02"], pa.large_string()),
+    (
+        "int4[]",
+        ["'{1,NULL,3}'", "'[0:1]={5,6}'", "'{}'", "NULL"],
+        [[1, None, 3], [5, 6], [], None],
+        pa.large_list(pa.int32()),
+    ),
+    ("text[]", ["'{\"a b\",c,NULL}'"], [["a b", "c", None]], pa.large_list(pa.large_string())),
+    ("float8[]", ["'{NaN,1.5,-0}'"], [[math.nan, 1.5, -0.0]], pa.large_list(pa.float64())),
+    ("date[]", ["'{infinity,2026-01-02}'"], [[LAST, D(2026, 1, 2)]], pa.large_list(pa.date32())),
+]
+
+
+def _arrow(values: list[Any], arrow_type: pa.DataType) -> pa.Array:
+    if isinstance(arrow_type, pa.UuidType):
+        return pa.ExtensionArray.from_storage(arrow_type, pa.array(values, pa.binary(16)))
+    return pa.array(values, arrow_type)
+
+
+@pytest.mark.parametrize(
+    ("pg_type", "literals", "values", "arrow_type"), CASES, ids=[c[0] for c in CASES]
+)
+def test_both_sides_give_the_same_text(
+    pg_dsn: str, pg_type: str, literals: list[str], values: list[Any], arrow_type: pa.DataType
+) -> None:
+    with psycopg.connect(session_conninfo(pg_dsn), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE t (n int, v {pg_type})")
+        for n, literal in enumerate(literals):
+            conn.execute(f"INSERT INTO t VALUES ({n}, ({literal})::{pg_type})")
+        oid, typmod = conn.execute(
+            "SELECT atttypid::int, atttypmod FROM pg_attribute "
+            "WHERE attrelid = 't'::regclass AND attname = 'v'"
+        ).fetchone()  # type: ignore[misc]
+        target = column_target(PgColumnType(oid, typmod))
+        expr = sql_text(sql.Identifier("v"), target)
+        got = [r[0] for r in conn.execute(sql.SQL("SELECT {} FROM t ORDER BY n").format(expr))]
+        row = sql_row_text([expr, sql.SQL("n::text")])
+        hashes = conn.execute(
+            sql.SQL("SELECT {}, {}, {} FROM t ORDER BY n").format(
+                row, sql_hash(row), sql_bucket(row, 16)
+            )
+        ).fetchall()
+    mirror = arrow_text(_arrow(values, arrow_type), target)
+    assert mirror == got
+    for n, (text, h, bucket) in enumerate(hashes):
+        assert row_text([mirror[n], str(n)]) == text
+        assert (text_hash(text), text_bucket(text, 16)) == (h, bucket)
