@@ -1,4 +1,4 @@
-"""The command line: ``sparkapply run|status|skip|resync|maintain|cut|demo`` (also
+"""The command line: ``sparkapply run|status|skip|resync|maintain|cut|verify|demo`` (also
 ``python -m sparkapply``)."""
 
 from __future__ import annotations
@@ -93,6 +93,25 @@ def _maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--dry-run", action="store_true", help="report what would be done; change nothing"
     )
     _cut_parser(sub)
+    verify = sub.add_parser(
+        "verify",
+        help="compare the mirror with the publisher at one exact LSN; exit 0 when every "
+        "table matches, 1 when one differs, 2 when verify could not run",
+    )
+    verify.add_argument("--config", required=True, help="TOML config file")
+    verify.add_argument(
+        "--table", action="append", default=[], help="only this table, schema.table (repeat)"
+    )
+    verify.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    verify.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the mirror to reach the point (default 300)",
+    )
+    verify.add_argument(
+        "--max-rows", type=int, default=20, help="differing rows reported per table (default 20)"
+    )
 
 
 def _cut_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -172,6 +191,23 @@ def _lsn_argument(value: str | None, option: str) -> Lsn | None:
         raise ConfigError(f"{option}: {exc}", key=option) from None
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from sparkapply.verify.command import run_verify
+
+    try:
+        report = run_verify(
+            load_config(args.config),
+            tables=args.table,
+            timeout=args.timeout,
+            max_rows=args.max_rows,
+        )
+    except SparkapplyError as exc:
+        log.error("verify could not run: %s", exc)
+        return 2
+    print(report.as_json() if args.json else report.render())
+    return 0 if report.match else 1
+
+
 def _maintain(args: argparse.Namespace) -> int:
     from sparkapply.maintain.command import run_maintain
 
@@ -214,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resync": _resync,
         "maintain": _maintain,
         "cut": _cut,
+        "verify": _verify,
     }
     try:
         if getattr(args, "config", None):

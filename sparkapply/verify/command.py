@@ -1,0 +1,247 @@
+"""``sparkapply verify``: does the mirror equal the publisher at one exact LSN?
+
+1. A temporary slot's exported snapshot fixes a point C on the publisher; every
+   published table is hashed there by the server (``publisher.py``).
+2. The mirror's cut at exactly C (``sparkapply cut --at-lsn``: made by the running
+   ``run``, or the next one, within ``timeout``) says which snapshot of each table
+   holds exactly the same transactions; Spark tasks hash those (``mirror.py``).
+3. Per table: rows and the order-independent hash (``canonical.py``). When they
+   differ, the key buckets whose sums differ are read on both sides and compared row
+   by row: keys missing in Iceberg, extra in Iceberg, or different (which columns);
+   for a table without a key, the row images whose count differs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pyiceberg.catalog import Catalog
+
+from sparkapply.config import Config
+from sparkapply.convert.types import PgColumnType, column_target
+from sparkapply.copy.snapshot import SourceTable, describe_tables
+from sparkapply.errors import ConfigError
+from sparkapply.lsn import Lsn
+from sparkapply.read import wait_for_cut
+from sparkapply.verify.canonical import NULL
+from sparkapply.verify.mirror import Buckets, RowTexts, Shape, mirror_rows, mirror_sums
+from sparkapply.verify.publisher import exact_point, publisher_rows, publisher_sums, total
+
+log = logging.getLogger(__name__)
+
+BUCKETS = 64
+
+Kind = Literal["missing in Iceberg", "extra in Iceberg", "different"]
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    kind: Kind
+    row: str  # the key (``id=5``) or, for a table without a key, the row image
+    columns: tuple[str, ...] = ()  # "different": the columns whose values differ
+    count: int = 1  # a row image: how many more on one side
+
+
+@dataclass(slots=True)
+class TableVerdict:
+    table: str  # <pg schema>.<pg table>
+    iceberg: str
+    snapshot_id: int | None
+    publisher_rows: int
+    iceberg_rows: int | None
+    publisher_hash: int
+    iceberg_hash: int | None
+    differences: list[Difference] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def match(self) -> bool:
+        return (
+            self.iceberg_rows == self.publisher_rows
+            and self.iceberg_hash == self.publisher_hash
+            and not self.differences
+            and not self.note
+        )
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    lsn: Lsn
+    tables: list[TableVerdict]
+
+    @property
+    def match(self) -> bool:
+        return all(t.match for t in self.tables)
+
+    def as_json(self) -> str:
+        out: dict[str, Any] = {"lsn": str(self.lsn), "match": self.match, "tables": []}
+        for t in self.tables:
+            entry = asdict(t)
+            entry["match"] = t.match
+            entry["publisher_hash"] = f"{t.publisher_hash:016x}"
+            entry["iceberg_hash"] = None if t.iceberg_hash is None else f"{t.iceberg_hash:016x}"
+            out["tables"].append(entry)
+        return json.dumps(out)
+
+    def render(self) -> str:
+        rows = [("table", "publisher rows", "iceberg rows", "hash", "differences")]
+        for t in self.tables:
+            rows.append(
+                (
+                    t.table,
+                    f"{t.publisher_rows:,}",
+                    "-" if t.iceberg_rows is None else f"{t.iceberg_rows:,}",
+                    "match" if t.iceberg_hash == t.publisher_hash else "DIFFERS",
+                    t.note or str(len(t.differences)),
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        for t in self.tables:
+            for d in t.differences:
+                what = f" ({', '.join(d.columns)})" if d.columns else ""
+                times = f" x{d.count}" if d.count != 1 else ""
+                lines.append(f"  {t.table}: {d.kind}: {d.row}{what}{times}")
+        bad = [t.table for t in self.tables if not t.match]
+        verdict = (
+            f"MATCH: {len(self.tables)} tables equal the publisher at {self.lsn}"
+            if not bad
+            else f"DIFFERS at {self.lsn}: {', '.join(bad)}"
+        )
+        return "\n".join([*lines, verdict])
+
+
+def shape_of(source: SourceTable, buckets: int = BUCKETS) -> Shape:
+    rel = source.relation
+    columns = tuple(
+        (c.name, column_target(PgColumnType(c.type_oid, c.type_modifier))) for c in rel.columns
+    )
+    keyed = rel.replica_identity in ("d", "i")
+    key = tuple(c.name for c in rel.columns if c.is_key) if keyed else ()
+    return Shape(columns, key, buckets)
+
+
+def run_verify(
+    config: Config,
+    *,
+    tables: Sequence[str] = (),
+    timeout: float = 300.0,
+    max_rows: int = 20,
+    spark: Any = None,
+    catalog: Catalog | None = None,
+) -> VerifyReport:
+    """Compare every published table (or ``tables``, as ``schema.table``) with the
+    mirror at one exact LSN; see the module doc."""
+    if catalog is None:
+        from sparkapply.sink.catalog import open_catalog
+
+        catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
+    only = [_split(t) for t in tables] or None
+    with exact_point(config) as point:
+        sources = describe_tables(point.conn, config.source.publication, only)
+        missing = sorted(set(only or ()) - {s.key for s in sources})
+        if missing:
+            raise ConfigError(
+                f"not published: {', '.join('.'.join(m) for m in missing)}",
+                key="--table",
+                hint="name tables of the publication, as schema.table",
+            )
+        shapes = {s.key: shape_of(s) for s in sources}
+        pg = {s.key: publisher_sums(point.conn, s, shapes[s.key]) for s in sources}
+        log.info("publisher hashed at %s; waiting for the mirror's cut there", point.lsn)
+        cut = wait_for_cut(config, point.lsn, timeout=timeout)
+        if spark is None:
+            from sparkapply.apply.session import get_session
+
+            spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
+        verdicts = []
+        for source in sources:
+            shape = shapes[source.key]
+            ident = config.table_identifier(*source.key)
+            snapshot_id = cut.tables.get(source.qualified)
+            rows, digest = total(pg[source.key])
+            verdict = TableVerdict(
+                source.qualified, ".".join(ident), snapshot_id, rows, None, digest, None
+            )
+            verdicts.append(verdict)
+            if snapshot_id is None:
+                verdict.note = "not in the mirror at this cut"
+                continue
+            table = catalog.load_table(ident)
+            ice = mirror_sums(spark, table, snapshot_id, shape)
+            verdict.iceberg_rows, verdict.iceberg_hash = total(ice)
+            if verdict.iceberg_rows == rows and verdict.iceberg_hash == digest:
+                continue
+            theirs_sums = pg[source.key]
+            wanted = sorted(
+                b for b in set(ice) | set(theirs_sums) if ice.get(b) != theirs_sums.get(b)
+            )
+            theirs = publisher_rows(point.conn, source, shape, wanted)
+            ours = mirror_rows(spark, table, snapshot_id, shape, frozenset(wanted))
+            verdict.differences = _differences(shape, theirs, ours, max_rows)
+    return VerifyReport(point.lsn, verdicts)
+
+
+def _differing(a: Buckets, b: Buckets) -> list[int]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _split(name: str) -> tuple[str, str]:
+    schema, _, table = name.partition(".")
+    if not schema or not table:
+        raise ConfigError(f"--table {name!r} must be schema.table", key="--table")
+    return schema, table
+
+
+def _differences(
+    shape: Shape, theirs: Sequence[RowTexts], ours: Sequence[RowTexts], limit: int
+) -> list[Difference]:
+    names = [n for n, _ in shape.columns]
+    out: list[Difference] = []
+    if not shape.key:  # row images, by multiplicity
+        want, have = Counter(r.row for r in theirs), Counter(r.row for r in ours)
+        show = {r.row: _image(names, r.values) for r in [*theirs, *ours]}
+        for row in sorted(set(want) | set(have)):
+            delta = want[row] - have[row]
+            if delta > 0:
+                out.append(Difference("missing in Iceberg", show[row], count=delta))
+            elif delta < 0:
+                out.append(Difference("extra in Iceberg", show[row], count=-delta))
+        return out[:limit]
+    key_at = [names.index(k) for k in shape.key]
+    by_key_pg = {r.key: r for r in theirs}
+    by_key_ice: dict[str, list[RowTexts]] = {}
+    for r in ours:
+        by_key_ice.setdefault(r.key, []).append(r)
+    for key in sorted(set(by_key_pg) | set(by_key_ice)):
+        pg_row, ice_rows = by_key_pg.get(key), by_key_ice.get(key, [])
+        sample = pg_row or ice_rows[0]
+        shown = ", ".join(f"{names[i]}={_value(sample.values[i])}" for i in key_at)
+        if pg_row is None:
+            out.append(Difference("extra in Iceberg", shown, count=len(ice_rows)))
+            continue
+        if not ice_rows:
+            out.append(Difference("missing in Iceberg", shown))
+            continue
+        if len(ice_rows) > 1:
+            out.append(Difference("extra in Iceberg", shown, count=len(ice_rows) - 1))
+        ice_row = ice_rows[0]
+        if ice_row.row != pg_row.row:
+            cols = tuple(
+                n for n, a, b in zip(names, pg_row.values, ice_row.values, strict=True) if a != b
+            )
+            out.append(Difference("different", shown, cols))
+    return out[:limit]
+
+
+def _value(text: str | None) -> str:
+    return "null" if text is None or text == NULL else repr(text)
+
+
+def _image(names: Sequence[str], values: Sequence[str | None]) -> str:
+    return "(" + ", ".join(f"{n}={_value(v)}" for n, v in zip(names, values, strict=True)) + ")"

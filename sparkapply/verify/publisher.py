@@ -1,0 +1,135 @@
+"""The publisher's side of ``verify``: one exact point, and each table hashed there.
+
+A temporary logical slot exports a snapshot at its consistent point C: it sees exactly
+the transactions committed before C. A repeatable-read transaction imports it, and
+every published table is read in it (its published columns, its row filter, as the
+initial copy reads it), hashed by the server per key bucket (``canonical.py``). The
+slot is temporary: the server drops it when the replication connection closes, also
+when ``verify`` is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from sparkapply.config import Config
+from sparkapply.copy.snapshot import SourceTable, begin_at_snapshot
+from sparkapply.errors import SourceError
+from sparkapply.lsn import Lsn
+from sparkapply.source.connection import ReplicationConnection, session_conninfo
+from sparkapply.source.negotiation import quote_ident
+from sparkapply.verify.canonical import HASH_MOD, sql_bucket, sql_hash, sql_row_text, sql_text
+from sparkapply.verify.mirror import Buckets, RowTexts, Shape
+
+
+@dataclass(frozen=True, slots=True)
+class ExactPoint:
+    lsn: Lsn  # the slot's consistent point: the snapshot holds exactly what precedes it
+    conn: psycopg.Connection[Any]  # in a transaction that sees the snapshot
+
+
+@contextlib.contextmanager
+def exact_point(config: Config) -> Iterator[ExactPoint]:
+    """A connection reading the publisher exactly at a fresh slot's consistent point."""
+    src = config.source
+    base = re.sub(r"[^a-z0-9_]", "_", src.slot.lower())[:36]
+    name = f"{base}_verify_{os.getpid()}"
+    repl = ReplicationConnection(src.dsn, connect_timeout=src.connect_timeout)
+    try:
+        rows = repl.execute(
+            f"CREATE_REPLICATION_SLOT {quote_ident(name)} TEMPORARY LOGICAL pgoutput "
+            "(SNAPSHOT 'export')"
+        )
+        snapshot = rows[0].get("snapshot_name") if rows else None
+        if not snapshot:
+            raise SourceError(
+                f"temporary slot {name} exported no snapshot",
+                hint="verify needs CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export') "
+                "(PostgreSQL 15+)",
+            )
+        point = Lsn.parse(rows[0]["consistent_point"] or "0/0")
+        conn = psycopg.connect(session_conninfo(src.dsn, application_name="sparkapply verify"))
+        try:
+            begin_at_snapshot(conn, snapshot)
+        except BaseException:
+            conn.close()
+            raise
+    finally:
+        repl.close()  # the imported snapshot outlives the slot; the slot goes now
+    try:
+        yield ExactPoint(point, conn)
+    finally:
+        conn.close()
+
+
+def _source(table: SourceTable) -> sql.Composable:
+    only = sql.SQL("") if table.relkind == "p" else sql.SQL("ONLY ")
+    return sql.SQL("{}{}").format(only, sql.Identifier(table.schema, table.name))
+
+
+def _texts(shape: Shape) -> tuple[list[sql.Composable], sql.Composable, sql.Composable]:
+    cols = [sql_text(sql.Identifier(name), target) for name, target in shape.columns]
+    row = sql_row_text(cols)
+    names = [name for name, _ in shape.columns]
+    key = sql_row_text([cols[names.index(k)] for k in shape.key]) if shape.key else row
+    return cols, row, key
+
+
+def _where(table: SourceTable) -> sql.Composable:
+    return (
+        sql.SQL(" WHERE ({})").format(sql.SQL(table.row_filter))
+        if table.row_filter
+        else sql.SQL("")
+    )
+
+
+def publisher_sums(conn: psycopg.Connection[Any], table: SourceTable, shape: Shape) -> Buckets:
+    """Rows and hash sums per key bucket, computed by the server."""
+    _, row, key = _texts(shape)
+    query = sql.SQL(
+        "SELECT b, count(*), sum(h::numeric) FROM (SELECT {bucket} AS b, {hash} AS h "
+        "FROM {source}{where}) s GROUP BY b"
+    ).format(
+        bucket=sql_bucket(key, shape.buckets),
+        hash=sql_hash(row),
+        source=_source(table),
+        where=_where(table),
+    )
+    return {int(b): (int(n), int(h)) for b, n, h in conn.execute(query)}
+
+
+def publisher_rows(
+    conn: psycopg.Connection[Any], table: SourceTable, shape: Shape, wanted: Sequence[int]
+) -> list[RowTexts]:
+    """The rows whose key falls in ``wanted`` buckets, with their texts."""
+    cols, row, key = _texts(shape)
+    bucket = sql_bucket(key, shape.buckets)
+    where = _where(table)
+    joiner = sql.SQL(" AND ") if table.row_filter else sql.SQL(" WHERE ")
+    query = sql.SQL(
+        "SELECT {key}, {row}, {cols} FROM {source}{where}{joiner}{bucket} = ANY({wanted})"
+    ).format(
+        key=key,
+        row=row,
+        cols=sql.SQL(", ").join(cols),
+        source=_source(table),
+        where=where,
+        joiner=joiner,
+        bucket=bucket,
+        # Inlined, not a parameter: the texts use format('%s', ...).
+        wanted=sql.Literal([int(b) for b in wanted]),
+    )
+    return [RowTexts(r[0], r[1], tuple(r[2:])) for r in conn.execute(query)]
+
+
+def total(buckets: Buckets) -> tuple[int, int]:
+    """(rows, hash mod 2^64) of a table from its buckets."""
+    return sum(n for n, _ in buckets.values()), sum(h for _, h in buckets.values()) % HASH_MOD
