@@ -217,6 +217,10 @@ class CutError(SparkapplyError):
     kind = ErrorKind.OPERATOR
 
 
+class CutPassedError(CutError):
+    """No exact cut can be made at an LSN: the mirror already holds transactions after it."""
+
+
 class LocationError(SinkError):
     """A warehouse, table or file location that cannot be used (see location.py)."""
 

@@ -26,7 +26,7 @@ from pyiceberg.catalog import Catalog
 
 from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.config import Config
-from sparkapply.errors import CutError
+from sparkapply.errors import CutError, CutPassedError
 from sparkapply.lsn import Lsn
 from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.cuts import DEFAULT_CUTS_TABLE, Cut, cuts_identifier, read_cuts
@@ -87,7 +87,7 @@ def wait_for_cut(config: Config, lsn: Lsn, *, timeout: float, poll: float = 0.25
             found = _exact(catalog, ident, lsn)
             if found is not None:
                 return found
-            raise CutError(
+            raise CutPassedError(
                 f"no cut can be made at exactly {lsn}: the mirror already holds "
                 "transactions after it",
                 lsn=lsn,

@@ -22,10 +22,11 @@ from typing import Any, Literal
 
 from pyiceberg.catalog import Catalog
 
+from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.config import Config
 from sparkapply.convert.types import PgColumnType, column_target
 from sparkapply.copy.snapshot import SourceTable, describe_tables
-from sparkapply.errors import ConfigError
+from sparkapply.errors import ConfigError, CutPassedError
 from sparkapply.lsn import Lsn
 from sparkapply.read import wait_for_cut
 from sparkapply.verify.canonical import NULL
@@ -35,6 +36,7 @@ from sparkapply.verify.publisher import exact_point, publisher_rows, publisher_s
 log = logging.getLogger(__name__)
 
 BUCKETS = 64
+ATTEMPTS = 3  # points tried when the live mirror passed one before it was asked
 
 Kind = Literal["missing in Iceberg", "extra in Iceberg", "different"]
 
@@ -142,7 +144,28 @@ def run_verify(
 
         catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
     only = [_split(t) for t in tables] or None
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return _verify_once(config, only, timeout, max_rows, spark, catalog)
+        except CutPassedError as exc:
+            if attempt == ATTEMPTS:
+                raise
+            log.info("%s; verifying again at a new point (attempt %d)", exc.message, attempt + 1)
+    raise AssertionError("unreachable")
+
+
+def _verify_once(
+    config: Config,
+    only: list[tuple[str, str]] | None,
+    timeout: float,
+    max_rows: int,
+    spark: Any,
+    catalog: Catalog,
+) -> VerifyReport:
     with exact_point(config) as point:
+        # Asked at once: the live mirror, a moment behind, must not apply past the
+        # point before it knows (if it did, the next attempt takes a new point).
+        CutRequests(config.work_dir).add(point.lsn)
         sources = describe_tables(point.conn, config.source.publication, only)
         missing = sorted(set(only or ()) - {s.key for s in sources})
         if missing:
@@ -177,10 +200,7 @@ def run_verify(
             verdict.iceberg_rows, verdict.iceberg_hash = total(ice)
             if verdict.iceberg_rows == rows and verdict.iceberg_hash == digest:
                 continue
-            theirs_sums = pg[source.key]
-            wanted = sorted(
-                b for b in set(ice) | set(theirs_sums) if ice.get(b) != theirs_sums.get(b)
-            )
+            wanted = _differing(pg[source.key], ice)
             theirs = publisher_rows(point.conn, source, shape, wanted)
             ours = mirror_rows(spark, table, snapshot_id, shape, frozenset(wanted))
             verdict.differences = _differences(shape, theirs, ours, max_rows)

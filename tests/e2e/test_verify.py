@@ -4,6 +4,8 @@ it names the rows when the mirror is broken behind the subscriber's back."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -11,10 +13,11 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from sparkapply.changes.cut_requests import CUT_REQUESTS_DIR
 from sparkapply.cli import main
 from sparkapply.subscriber import Subscriber
 from sparkapply.verify.command import run_verify
-from tests.mirror import Mirror, Running
+from tests.mirror import Mirror, Running, wait_until
 
 SCHEMA = (
     "CREATE TABLE items (id int PRIMARY KEY, v text, w numeric(10,2), f float8,"
@@ -83,6 +86,22 @@ def test_verify_matches_a_live_mirror_while_it_applies(mirror: Mirror, tmp_path:
     # says why it cannot when none does.
     config = mirror.write_config(tmp_path / "verify.toml")
     assert main(["verify", "--config", str(config), "--timeout", "1"]) == 2
+    # Killed while it waits: its temporary slot is gone all the same.
+    requests = mirror.config.work_dir / CUT_REQUESTS_DIR
+    before = len(list(requests.iterdir()))  # the request the first call left
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkapply", "verify", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_until(lambda: len(list(requests.iterdir())) > before, "verify to ask for its cut", 120)
+    proc.kill()
+    proc.wait(30)
+    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+        slots = conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE '%verify%'"
+        ).fetchall()
+    assert slots == []
 
 
 def test_verify_names_the_rows_of_a_broken_mirror(
