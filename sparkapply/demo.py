@@ -3,10 +3,9 @@
 One table is filled before sparkapply starts (about a million rows: the parallel
 initial copy, with its progress bars), then a live workload runs while it streams: a
 bulk load large enough to be streamed in chunks, updates, deletes and a prepared
-transaction committed later. At the end every table is compared by content, not only
-by count: an order-independent checksum of each row's canonical text, computed by
-PostgreSQL on one side and from the Iceberg rows on the other, and the demo ends with
-a one-line verdict (exit code 0 when every table matches).
+transaction committed later. At the end ``sparkapply verify`` compares every table by
+content at one exact LSN, with the mirror still running, and the demo ends with a
+one-line verdict (exit code 0 when every table matches).
 
 Everything lives under the config's ``work_dir``: the PostgreSQL data directory, the
 spool, the SQLite catalog, the warehouse and Spark's log. Run it twice and it starts
@@ -15,18 +14,12 @@ afresh.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import psycopg
-import pyarrow as pa
-import pyarrow.compute as pc
-from psycopg import sql
 
 from sparkapply.config import load_config
 from sparkapply.embedded import EmbeddedPostgres
@@ -97,85 +90,9 @@ def _wait_streaming(dsn: str, slot: str, thread: threading.Thread) -> None:
         time.sleep(0.2)
 
 
-# -- content checksums -----------------------------------------------------------------
-#
-# A row's canonical text is its columns' texts joined by a unit separator, with \N for
-# null. The texts are the ones both sides produce alike: integers, decimals (with
-# their scale), strings and JSON (stored as PostgreSQL's text) as such, timestamps as
-# microseconds since the epoch. A table's checksum is the row count and the sum of the
-# first 60 bits of each row text's MD5: independent of row order, and it changes when
-# any value of any row does.
-
-_SEP = "\x1f"
-_NULL = "\\N"
-
-
-@dataclass(frozen=True, slots=True)
-class Checksum:
-    rows: int
-    digest: int
-
-    def __str__(self) -> str:
-        return f"{self.digest % (1 << 64):016x}"
-
-
-def pg_checksum(dsn: str, table: str) -> Checksum:
-    """The checksum of a PostgreSQL table, computed by the server."""
-    schema, name = table.split(".")
-    with psycopg.connect(dsn) as conn:
-        columns = conn.execute(
-            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (sql.Identifier(schema, name).as_string(conn),),
-        ).fetchall()
-        texts = []
-        for column, type_name in columns:
-            ident = sql.Identifier(column)
-            if type_name.startswith("timestamp"):
-                text = sql.SQL("(extract(epoch FROM {}) * 1000000)::bigint::text").format(ident)
-            else:
-                text = sql.SQL("{}::text").format(ident)
-            texts.append(sql.SQL("coalesce({}, {})").format(text, sql.Literal(_NULL)))
-        row_text = sql.SQL("concat_ws({}, {})").format(sql.Literal(_SEP), sql.SQL(", ").join(texts))
-        query = sql.SQL(
-            "SELECT count(*), coalesce(sum(('x' || left(md5({}), 15))::bit(60)::bigint), 0) FROM {}"
-        ).format(row_text, sql.Identifier(schema, name))
-        row = conn.execute(query).fetchone()
-    assert row is not None
-    return Checksum(int(row[0]), int(row[1]))
-
-
-def arrow_checksum(table: pa.Table, columns: list[str]) -> Checksum:
-    """The same checksum of rows read from Iceberg, over ``columns`` in that order."""
-    texts: list[Any] = []
-    for name in columns:
-        col = table.column(name)
-        if pa.types.is_timestamp(col.type):
-            col = pc.cast(pc.cast(col, pa.timestamp("us", tz=col.type.tz)), pa.int64())
-        texts.append(pc.fill_null(pc.cast(col, pa.string()), _NULL))
-    if not texts or table.num_rows == 0:
-        return Checksum(table.num_rows, 0)
-    joined = pc.binary_join_element_wise(*texts, _SEP)
-    digest = sum(
-        int(hashlib.md5(text.encode()).hexdigest()[:15], 16) for text in joined.to_pylist()
-    )
-    return Checksum(table.num_rows, digest)
-
-
-def _pg_columns(dsn: str, table: str) -> list[str]:
-    schema, name = table.split(".")
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
-            "AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (sql.Identifier(schema, name).as_string(conn),),
-        ).fetchall()
-    return [r[0] for r in rows]
-
-
 def run_demo(config_path: str, *, rows: int = 1_000_000) -> int:
-    from sparkapply.sink.read import read_table
     from sparkapply.subscriber import Subscriber
+    from sparkapply.verify.command import run_verify
 
     base = load_config(config_path)
     work = base.work_dir
@@ -220,27 +137,17 @@ def run_demo(config_path: str, *, rows: int = 1_000_000) -> int:
             target = Lsn.parse(row[0]) if row else Lsn(0)
             while thread.is_alive() and sub.summary.flushed < target:
                 time.sleep(0.5)
+            if errors:
+                raise errors[0]
+            # The final check is `sparkapply verify`, with the mirror still running.
+            report = run_verify(config, catalog=sub.catalog, timeout=120)
         finally:
             sub.stop()
             thread.join()
         if errors:
             raise errors[0]
-        catalog = sub.catalog
-        assert catalog is not None
         print()
-        print(f"{'table':<18}{'postgres rows':>14}{'iceberg rows':>14}  {'checksum':<17} match")
-        mismatched = []
-        for name in TABLES:
-            ns, tbl = name.split(".")
-            want = pg_checksum(dsn, name)
-            got = arrow_checksum(read_table(catalog.load_table((ns, tbl))), _pg_columns(dsn, name))
-            same = want == got
-            if not same:
-                mismatched.append(name)
-            shown = str(want) if same else f"{want} != {got}"
-            print(
-                f"{name:<18}{want.rows:>14,}{got.rows:>14,}  {shown:<17} {'yes' if same else 'NO'}"
-            )
+        print(report.render())
         props = config.catalog_properties()
         print()
         print(f"warehouse: {props.get('warehouse')}")
@@ -252,12 +159,13 @@ def run_demo(config_path: str, *, rows: int = 1_000_000) -> int:
             "print(c.load_table('shop.orders').scan().to_arrow().num_rows)\""
         )
         print()
-        if mismatched:
-            print(f"MISMATCH: {', '.join(mismatched)} differ between PostgreSQL and Iceberg")
+        if not report.match:
+            bad = ", ".join(t.table for t in report.tables if not t.match)
+            print(f"MISMATCH: {bad} differ between PostgreSQL and Iceberg")
             return 1
         print(
-            f"OK: all {len(TABLES)} tables identical in PostgreSQL and Iceberg "
-            "(row counts and content checksums)"
+            f"OK: all {len(report.tables)} tables identical in PostgreSQL and Iceberg at "
+            f"{report.lsn} (sparkapply verify: row counts and content hashes)"
         )
         return 0
     finally:

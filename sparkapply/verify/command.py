@@ -103,7 +103,9 @@ class VerifyReport:
                 )
             )
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        ]
         for t in self.tables:
             for d in t.differences:
                 what = f" ({', '.join(d.columns)})" if d.columns else ""
