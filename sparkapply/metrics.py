@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from sparkapply.config import MetricsConfig
 from sparkapply.errors import ConfigError
 from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
-from sparkapply.workdir import pending_prepared, spool_bytes
+from sparkapply.workdir import last_verify, pending_prepared, spool_bytes
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -98,6 +98,12 @@ class Metrics:
             registry=r,
         )
         prepared.set_function(lambda: float(len(pending_prepared(work_dir))))
+        verified = Gauge(
+            "sparkapply_verify_match",
+            "The last `sparkapply verify`: 1 every table matched, 0 one differed, -1 none yet",
+            registry=r,
+        )
+        verified.set_function(lambda: _verify_gauge(work_dir))
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -162,3 +168,10 @@ class Metrics:
         if txns:
             committed = (txns[-1].commit_time + PG_EPOCH_OFFSET_MICROS) / 1e6
             self.lag_seconds.set(max(0.0, time.time() - committed))
+
+
+def _verify_gauge(work_dir: Path) -> float:
+    verdict = last_verify(work_dir)
+    if verdict is None:
+        return -1.0
+    return 1.0 if verdict.get("match") else 0.0

@@ -1,15 +1,20 @@
 """What sparkapply keeps under ``work_dir``, read from outside the subscriber too.
 
 ``spool/`` (in-progress and not yet applied transactions, rebuilt on every start),
-``prepared/`` (staged prepared transactions, durable) and ``skip.json`` (a pending
-``sparkapply skip``). ``status`` and the metrics read these while ``run`` writes them,
-so every reader tolerates files that vanish under it.
+``prepared/`` (staged prepared transactions, durable), ``skip.json`` (a pending
+``sparkapply skip``), ``cut-requests/`` (``cut --at-lsn``: changes/cut_requests.py)
+and ``verify.json`` (the last ``sparkapply verify``'s verdict, for the metrics).
+``status`` and the metrics read these while ``run`` writes them, so every reader
+tolerates files that vanish under it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 from sparkapply.changes.prepared import PreparedEntry, PreparedStore
 from sparkapply.errors import StateError
@@ -54,3 +59,24 @@ def pending_prepared(work_dir: Path) -> list[PreparedEntry]:
         if entry is not None:
             out.append(entry)
     return out
+
+
+VERIFY_FILE = "verify.json"
+
+
+def record_verify(work_dir: Path, *, lsn: str, match: bool, differing: list[str]) -> None:
+    """The last verify's verdict (written whole, by rename)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tmp = work_dir / f".{VERIFY_FILE}.tmp"
+    verdict = {"at": time.time(), "lsn": lsn, "match": match, "differing": differing}
+    tmp.write_text(json.dumps(verdict))
+    os.replace(tmp, work_dir / VERIFY_FILE)
+
+
+def last_verify(work_dir: Path) -> dict[str, Any] | None:
+    """The last verify's verdict, or None (never run, or unreadable)."""
+    try:
+        data = json.loads((work_dir / VERIFY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

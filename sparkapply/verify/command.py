@@ -32,6 +32,7 @@ from sparkapply.read import wait_for_cut
 from sparkapply.verify.canonical import NULL
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape, mirror_rows, mirror_sums
 from sparkapply.verify.publisher import exact_point, publisher_rows, publisher_sums, total
+from sparkapply.workdir import record_verify
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,10 @@ def run_verify(
     only = [_split(t) for t in tables] or None
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            return _verify_once(config, only, timeout, max_rows, spark, catalog)
+            report = _verify_once(config, only, timeout, max_rows, spark, catalog)
+            bad = [t.table for t in report.tables if not t.match]
+            record_verify(config.work_dir, lsn=str(report.lsn), match=report.match, differing=bad)
+            return report
         except CutPassedError as exc:
             if attempt == ATTEMPTS:
                 raise

@@ -15,8 +15,10 @@ import pytest
 
 from sparkapply.changes.cut_requests import CUT_REQUESTS_DIR
 from sparkapply.cli import main
+from sparkapply.metrics import _verify_gauge
 from sparkapply.subscriber import Subscriber
 from sparkapply.verify.command import run_verify
+from sparkapply.workdir import last_verify
 from tests.mirror import Mirror, Running, wait_until
 
 SCHEMA = (
@@ -78,6 +80,7 @@ def test_verify_matches_a_live_mirror_while_it_applies(mirror: Mirror, tmp_path:
             }
             items = next(t for t in report.tables if t.table == "public.items")
             assert items.publisher_rows == items.iceberg_rows == 301
+            assert _verify_gauge(mirror.config.work_dir) == 1.0  # what /metrics shows
     finally:
         stop.set()
         thread.join(30)
@@ -147,6 +150,8 @@ def test_verify_names_the_rows_of_a_broken_mirror(
         ("extra in Iceberg", "id='7'", ()),
         ("different", "id='8'", ("w",)),
     }
+    verdict = last_verify(mirror.config.work_dir)  # the last run: --table full_rows
+    assert verdict is not None and verdict["match"] and verdict["lsn"]
     (dup,) = by_table["public.events"]["differences"]
     assert dup["kind"] == "extra in Iceberg" and dup["row"].startswith("(who=")
     assert "MATCH: 1 tables" in text
