@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -19,6 +20,7 @@ from sparkapply.metrics import _verify_gauge
 from sparkapply.subscriber import Subscriber
 from sparkapply.verify.command import run_verify
 from sparkapply.workdir import last_verify
+from tests.conftest import PgServer
 from tests.mirror import Mirror, Running, wait_until
 
 SCHEMA = (
@@ -27,6 +29,7 @@ SCHEMA = (
     "CREATE TABLE events (who text, what int)",  # no key: insert-only, by row image
     "CREATE TABLE full_rows (a int, b text)",
     "ALTER TABLE full_rows REPLICA IDENTITY FULL",
+    "CREATE TABLE filtered (id int PRIMARY KEY, a int, secret text)",
 )
 ROWS = (
     "INSERT INTO items SELECT g, 'v' || g, g / 4.0, g * 0.1, "
@@ -44,16 +47,22 @@ def _setup(mirror: Mirror) -> None:
         " NULL, '{}', NULL)",
         "INSERT INTO events SELECT 'w' || (g % 3), g % 5 FROM generate_series(1, 50) g",
         "INSERT INTO full_rows SELECT g, 'x' FROM generate_series(1, 20) g",
-        "CREATE PUBLICATION pub FOR TABLE items, events, full_rows",
+        "INSERT INTO filtered SELECT g, g % 10, 'hidden' FROM generate_series(1, 40) g",
+        # A column list and a row filter: verify reads what is published, as the copy.
+        "CREATE PUBLICATION pub FOR TABLE items, events, full_rows, filtered (id, a) WHERE (a > 5)",
     )
 
 
-def test_verify_matches_a_live_mirror_while_it_applies(mirror: Mirror, tmp_path: Path) -> None:
+def test_verify_matches_a_live_mirror_while_it_applies(
+    mirror: Mirror, pg_server: PgServer, tmp_path: Path
+) -> None:
     _setup(mirror)
     mirror.run()
     stop = threading.Event()
 
     def workload() -> None:
+        """Small transactions, streamed ones (every change sent as it happens) and
+        two-phase ones, committed at once or later."""
         with psycopg.connect(mirror.dsn, autocommit=True) as conn:
             n = 0
             while not stop.is_set():
@@ -65,25 +74,41 @@ def test_verify_matches_a_live_mirror_while_it_applies(mirror: Mirror, tmp_path:
                     conn.execute("INSERT INTO events VALUES ('live', %s)", (n,))
                     conn.execute("DELETE FROM full_rows WHERE a = %s", (n % 20 + 1,))
                     conn.execute("INSERT INTO full_rows VALUES (%s, 'y')", (n % 20 + 1,))
+                    conn.execute("INSERT INTO filtered VALUES (%s, %s, 's')", (1000 + n, n % 10))
+                if n % 10 == 0:
+                    conn.execute(
+                        "INSERT INTO events SELECT 'bulk', g FROM generate_series(1, 500) g"
+                    )
+                time.sleep(0.02)  # a steady load the mirror keeps up with
+                if n % 7 == 0:
+                    conn.execute("BEGIN")
+                    conn.execute("UPDATE items SET ok = NOT ok WHERE id = %s", (n % 300 + 1,))
+                    conn.execute(f"PREPARE TRANSACTION 'g{n}'")
+                    conn.execute(f"COMMIT PREPARED 'g{n}'")
 
     running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
     thread = threading.Thread(target=workload, daemon=True)
     thread.start()
+    pg_server.set_streaming("immediate")
     try:
-        for _ in range(3):
+        for _ in range(5):
             report = run_verify(mirror.config, spark=mirror.spark, timeout=120)
             assert report.match, report.render()
             assert {t.table for t in report.tables} == {
                 "public.items",
                 "public.events",
                 "public.full_rows",
+                "public.filtered",
             }
+            filtered = next(t for t in report.tables if t.table == "public.filtered")
+            assert filtered.publisher_rows >= 16  # a > 5 only
             items = next(t for t in report.tables if t.table == "public.items")
             assert items.publisher_rows == items.iceberg_rows == 301
             assert _verify_gauge(mirror.config.work_dir) == 1.0  # what /metrics shows
     finally:
         stop.set()
         thread.join(30)
+        pg_server.set_streaming("buffered")
         running.stop()
     # The command line, with the run stopped: it waits for a run to make the cut and
     # says why it cannot when none does.
@@ -140,7 +165,7 @@ def test_verify_names_the_rows_of_a_broken_mirror(
         running.stop()
     assert not report["match"]
     by_table = {t["table"]: t for t in report["tables"]}
-    assert by_table["public.full_rows"]["match"]
+    assert by_table["public.full_rows"]["match"] and by_table["public.filtered"]["match"]
     found = {
         (d["kind"], d["row"], tuple(d["columns"])) for d in by_table["public.items"]["differences"]
     }
