@@ -87,8 +87,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
-import re
 import secrets
 import time
 from collections.abc import Iterator, Sequence
@@ -130,14 +128,17 @@ from sparkapply.sink.relations import table_for_relation
 from sparkapply.sink.tables import data_directory, ensure_table
 from sparkapply.source.connection import ReplicationConnection, session_conninfo
 from sparkapply.source.negotiation import quote_ident
-from sparkapply.source.publisher import SlotInfo, check_publisher, ensure_slot
+from sparkapply.source.publisher import (
+    SlotInfo,
+    check_publisher,
+    ensure_slot,
+    temporary_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
 PUBLICATION_CHECK_INTERVAL = 30.0
 """Seconds between two looks at ``pg_publication_tables`` while streaming."""
-
-_temporary_slots = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,31 +313,11 @@ class TableCopier:
     @contextlib.contextmanager
     def temporary_snapshot(self, what: str) -> Iterator[CopyPoint]:
         """A snapshot exported by a temporary slot, alive for the block."""
-        src = self.config.source
-        base = re.sub(r"[^a-z0-9_]", "_", src.slot.lower())[:36]
-        name = f"{base}_copy_{os.getpid()}_{next(_temporary_slots)}"
-        conn = ReplicationConnection(src.dsn, connect_timeout=src.connect_timeout)
-        try:
-            log.info(
-                "creating temporary slot %s for the copy of %s (waits for the publisher's "
-                "running transactions, prepared ones included, to end)",
-                name,
-                what,
-            )
-            rows = conn.execute(
-                f"CREATE_REPLICATION_SLOT {quote_ident(name)} TEMPORARY LOGICAL pgoutput "
-                "(SNAPSHOT 'export')"
-            )
-            snapshot = rows[0].get("snapshot_name") if rows else None
-            if not snapshot:
-                raise CopyError(
-                    f"temporary slot {name} exported no snapshot",
-                    hint="the publisher must support CREATE_REPLICATION_SLOT ... "
-                    "(SNAPSHOT 'export') (PostgreSQL 15+)",
-                )
-            yield CopyPoint(snapshot, Lsn.parse(rows[0]["consistent_point"] or "0/0"))
-        finally:
-            conn.close()
+        with temporary_snapshot(self.config.source, "copy", f"the copy of {what}") as (
+            snapshot,
+            point,
+        ):
+            yield CopyPoint(snapshot, point)
 
     def _copy_at(
         self, point: CopyPoint, only: Sequence[tuple[str, str]] | None, reason: str

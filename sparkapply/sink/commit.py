@@ -191,23 +191,7 @@ def commit_files(
     _check_paths(added, removed)
     started = time.monotonic()
 
-    if base_snapshot_id is not ANY_BASE and table.metadata.current_snapshot_id != base_snapshot_id:
-        raise CommitConflictError(
-            f"table moved from snapshot {base_snapshot_id} to "
-            f"{table.metadata.current_snapshot_id} since the batch was planned",
-            table=name,
-            lsn=lsn,
-            hint="re-load the table and re-plan the batch",
-        )
-    previous = applied_lsn(table)
-    if previous is not None and lsn <= previous:
-        raise SinkError(
-            f"commit LSN does not advance: the table already contains up to {previous}",
-            table=name,
-            lsn=lsn,
-            hint="transactions at or below a table's applied LSN must be skipped; a repeated "
-            "commit after an unclear outcome must re-load the table first",
-        )
+    _check_base_and_lsn(table, base_snapshot_id, lsn)
 
     to_remove: list[DataFile] = []
     if removed and not truncate:
@@ -292,11 +276,20 @@ def stage_files(
     :func:`commit_staged`, or with the batch's other tables in one catalog transaction
     (``atomic.py``). It commits only on ``base_snapshot_id`` (a row delta)."""
     lsn = Lsn(lsn)
-    name = table_name(table)
     added = [_as_table_uri(p, table) for p in added]
     summary = _summary(lsn, extra_summary)
     _check_paths(added, ())
-    if table.metadata.current_snapshot_id != base_snapshot_id:
+    _check_base_and_lsn(table, base_snapshot_id, lsn)
+    new_files = _describe(table, added, lsn)
+    return _stage_row_delta(table, new_files, deletes, truncate, summary, lsn)
+
+
+def _check_base_and_lsn(
+    table: Table, base_snapshot_id: int | Literal[_Base.ANY] | None, lsn: Lsn
+) -> None:
+    """The table is still at the snapshot planned against, and ``lsn`` advances it."""
+    name = table_name(table)
+    if base_snapshot_id is not ANY_BASE and table.metadata.current_snapshot_id != base_snapshot_id:
         raise CommitConflictError(
             f"table moved from snapshot {base_snapshot_id} to "
             f"{table.metadata.current_snapshot_id} since the batch was planned",
@@ -310,10 +303,9 @@ def stage_files(
             f"commit LSN does not advance: the table already contains up to {previous}",
             table=name,
             lsn=lsn,
-            hint="transactions at or below a table's applied LSN must be skipped",
+            hint="transactions at or below a table's applied LSN must be skipped; a repeated "
+            "commit after an unclear outcome must re-load the table first",
         )
-    new_files = _describe(table, added, lsn)
-    return _stage_row_delta(table, new_files, deletes, truncate, summary, lsn)
 
 
 def _stage_row_delta(

@@ -6,14 +6,19 @@ before anything is streamed or acknowledged.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
+import os
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import psycopg
 
+from sparkapply.config import SourceConfig
 from sparkapply.errors import (
     PrivilegeError,
     PublicationError,
@@ -216,3 +221,39 @@ def ensure_slot(
         consistent_point=point,
         snapshot_name=res[0].get("snapshot_name"),
     )
+
+
+_temporary_slots = itertools.count()
+
+
+@contextlib.contextmanager
+def temporary_snapshot(source: SourceConfig, purpose: str, what: str) -> Iterator[tuple[str, Lsn]]:
+    """A snapshot exported by a temporary logical slot, alive for the block, and the
+    slot's consistent point: the snapshot sees exactly the transactions committed
+    before it. The server drops the slot with its connection when the block ends, also
+    if the process is killed. ``purpose`` names the slot (``<slot>_<purpose>_<pid>_N``);
+    ``what`` says in the log what it is for."""
+    base = re.sub(r"[^a-z0-9_]", "_", source.slot.lower())[:36]
+    name = f"{base}_{purpose}_{os.getpid()}_{next(_temporary_slots)}"
+    conn = ReplicationConnection(source.dsn, connect_timeout=source.connect_timeout)
+    try:
+        log.info(
+            "creating temporary slot %s for %s (waits for the publisher's running "
+            "transactions, prepared ones included, to end)",
+            name,
+            what,
+        )
+        rows = conn.execute(
+            f"CREATE_REPLICATION_SLOT {quote_ident(name)} TEMPORARY LOGICAL pgoutput "
+            "(SNAPSHOT 'export')"
+        )
+        snapshot = rows[0].get("snapshot_name") if rows else None
+        if not snapshot:
+            raise SourceError(
+                f"temporary slot {name} exported no snapshot",
+                hint="the publisher must support CREATE_REPLICATION_SLOT ... "
+                "(SNAPSHOT 'export') (PostgreSQL 15+)",
+            )
+        yield snapshot, Lsn.parse(rows[0]["consistent_point"] or "0/0")
+    finally:
+        conn.close()

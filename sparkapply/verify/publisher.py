@@ -11,8 +11,6 @@ when ``verify`` is killed.
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +20,9 @@ from psycopg import sql
 
 from sparkapply.config import Config
 from sparkapply.copy.snapshot import SourceTable, begin_at_snapshot
-from sparkapply.errors import SourceError
 from sparkapply.lsn import Lsn
-from sparkapply.source.connection import ReplicationConnection, session_conninfo
-from sparkapply.source.negotiation import quote_ident
+from sparkapply.source.connection import session_conninfo
+from sparkapply.source.publisher import temporary_snapshot
 from sparkapply.verify.canonical import HASH_MOD, sql_bucket, sql_hash, sql_row_text, sql_text
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape
 
@@ -40,30 +37,14 @@ class ExactPoint:
 def exact_point(config: Config) -> Iterator[ExactPoint]:
     """A connection reading the publisher exactly at a fresh slot's consistent point."""
     src = config.source
-    base = re.sub(r"[^a-z0-9_]", "_", src.slot.lower())[:36]
-    name = f"{base}_verify_{os.getpid()}"
-    repl = ReplicationConnection(src.dsn, connect_timeout=src.connect_timeout)
-    try:
-        rows = repl.execute(
-            f"CREATE_REPLICATION_SLOT {quote_ident(name)} TEMPORARY LOGICAL pgoutput "
-            "(SNAPSHOT 'export')"
-        )
-        snapshot = rows[0].get("snapshot_name") if rows else None
-        if not snapshot:
-            raise SourceError(
-                f"temporary slot {name} exported no snapshot",
-                hint="verify needs CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export') "
-                "(PostgreSQL 15+)",
-            )
-        point = Lsn.parse(rows[0]["consistent_point"] or "0/0")
+    with temporary_snapshot(src, "verify", "verify") as (snapshot, point):
         conn = psycopg.connect(session_conninfo(src.dsn, application_name="sparkapply verify"))
         try:
             begin_at_snapshot(conn, snapshot)
         except BaseException:
             conn.close()
             raise
-    finally:
-        repl.close()  # the imported snapshot outlives the slot; the slot goes now
+    # The imported snapshot outlives the slot, which is gone now.
     try:
         yield ExactPoint(point, conn)
     finally:

@@ -36,6 +36,18 @@ TABLES = ("public.acct_a", "public.acct_b", "public.moves")
 TOTAL = 2 * 10 * 100
 
 
+def _accounts(mirror: Mirror) -> None:
+    """Two tables of balances (10 rows of 100 each) and a log of numbered moves."""
+    mirror.sql(
+        "CREATE TABLE acct_a (id int PRIMARY KEY, bal int)",
+        "CREATE TABLE acct_b (id int PRIMARY KEY, bal int)",
+        "CREATE TABLE moves (seq int PRIMARY KEY)",
+        "INSERT INTO acct_a SELECT g, 100 FROM generate_series(1, 10) g",
+        "INSERT INTO acct_b SELECT g, 100 FROM generate_series(1, 10) g",
+        "CREATE PUBLICATION pub FOR TABLE acct_a, acct_b, moves",
+    )
+
+
 def _moves(mirror: Mirror, first: int, count: int, rng: random.Random) -> list[Lsn]:
     """``count`` numbered transactions, each moving an amount between a row of acct_a
     and a row of acct_b; the WAL position right after each commit."""
@@ -64,14 +76,7 @@ def test_every_cut_is_one_consistent_database(mirror: Mirror, tmp_path: Path) ->
         # Without the cuts' protection the apply's own expiry would leave 2 snapshots.
         sink=replace(mirror.config.sink, retain_snapshots=2),
     )
-    mirror.sql(
-        "CREATE TABLE acct_a (id int PRIMARY KEY, bal int)",
-        "CREATE TABLE acct_b (id int PRIMARY KEY, bal int)",
-        "CREATE TABLE moves (seq int PRIMARY KEY)",
-        "INSERT INTO acct_a SELECT g, 100 FROM generate_series(1, 10) g",
-        "INSERT INTO acct_b SELECT g, 100 FROM generate_series(1, 10) g",
-        "CREATE PUBLICATION pub FOR TABLE acct_a, acct_b, moves",
-    )
+    _accounts(mirror)
     mirror.run()  # the copy
     rng = random.Random(7)
     after: list[Lsn] = []
@@ -261,14 +266,7 @@ def test_a_reader_at_the_latest_cut_never_sees_half_a_transaction(mirror: Mirror
         ),
         sink=replace(mirror.config.sink, retain_snapshots=2),
     )
-    mirror.sql(
-        "CREATE TABLE acct_a (id int PRIMARY KEY, bal int)",
-        "CREATE TABLE acct_b (id int PRIMARY KEY, bal int)",
-        "CREATE TABLE moves (seq int PRIMARY KEY)",
-        "INSERT INTO acct_a SELECT g, 100 FROM generate_series(1, 10) g",
-        "INSERT INTO acct_b SELECT g, 100 FROM generate_series(1, 10) g",
-        "CREATE PUBLICATION pub FOR TABLE acct_a, acct_b, moves",
-    )
+    _accounts(mirror)
     mirror.run()
     stop = threading.Event()
     moved: list[int] = []
@@ -327,14 +325,7 @@ def test_a_postgresql_catalog_holds_the_mirror_as_one_database(
             sink=replace(mirror.config.sink, catalog=catalog_props),
             apply=replace(mirror.config.apply, batch_max_transactions=4),
         )
-        mirror.sql(
-            "CREATE TABLE acct_a (id int PRIMARY KEY, bal int)",
-            "CREATE TABLE acct_b (id int PRIMARY KEY, bal int)",
-            "CREATE TABLE moves (seq int PRIMARY KEY)",
-            "INSERT INTO acct_a SELECT g, 100 FROM generate_series(1, 10) g",
-            "INSERT INTO acct_b SELECT g, 100 FROM generate_series(1, 10) g",
-            "CREATE PUBLICATION pub FOR TABLE acct_a, acct_b, moves",
-        )
+        _accounts(mirror)
         mirror.run()
         assert atomic_commits(mirror.catalog)
         _moves(mirror, 1, 12, random.Random(3))
