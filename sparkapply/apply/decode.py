@@ -24,10 +24,17 @@ import pyarrow as pa
 from sparkapply.changes.spool import RecordChunk
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput import Decoder
+from sparkapply.pgoutput import messages as m
 
-OP_I, OP_U, OP_D, TAG_R, TAG_T = (ord(c) for c in "IUDRT")
-_N, _K, _O = ord("N"), ord("K"), ord("O")
-KIND_TEXT, KIND_NULL, KIND_UNCHANGED = ord("t"), ord("n"), ord("u")
+OP_I, OP_U, OP_D, TAG_R, TAG_T = (
+    m.TAG_INSERT,
+    m.TAG_UPDATE,
+    m.TAG_DELETE,
+    m.TAG_RELATION,
+    m.TAG_TRUNCATE,
+)
+_N, _K, _O = m.TUPLE_NEW, m.TUPLE_KEY, m.TUPLE_OLD
+KIND_TEXT, KIND_NULL, KIND_UNCHANGED = m.KIND_TEXT, m.KIND_NULL, m.KIND_UNCHANGED
 
 
 _FOUR = np.arange(4, dtype=np.int64)

@@ -46,12 +46,8 @@ from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.peek import peek_change
 
-TAG_R = ord("R")
-TAG_Y = ord("Y")
-TAG_T = ord("T")
-TAG_I = ord("I")
-TAG_U = ord("U")
-TAG_D = ord("D")
+TAG_R, TAG_Y, TAG_T = m.TAG_RELATION, m.TAG_TYPE, m.TAG_TRUNCATE
+TAG_I, TAG_U, TAG_D = m.TAG_INSERT, m.TAG_UPDATE, m.TAG_DELETE
 
 
 # Unchanged TOAST is the codec's explicit value (pgoutput/messages.py).

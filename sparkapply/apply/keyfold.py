@@ -379,7 +379,7 @@ def _unchanged_sources(
     group_start = np.maximum.accumulate(np.where(first, events, 0))
     out: dict[str, tuple[np.ndarray, pa.Array]] = {}
     for name in names:
-        kinds = np.full(int(offsets[-1]), ord("n"), np.uint8)
+        kinds = np.full(int(offsets[-1]), m.KIND_NULL, np.uint8)
         values = []
         for p_i, part in enumerate(st.parts):
             n = len(part.run.ops)

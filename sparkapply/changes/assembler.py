@@ -48,7 +48,6 @@ decoded on executors.
 from __future__ import annotations
 
 import logging
-import struct
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,8 +62,9 @@ from sparkapply.changes.transaction import CommittedTxn, TxnKind
 from sparkapply.errors import ProtocolError, SparkapplyError, StateError
 from sparkapply.failpoints import armed, failpoint
 from sparkapply.lsn import Lsn
-from sparkapply.pgoutput import Decoder, encode
+from sparkapply.pgoutput import Decoder, encode, peek
 from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.frames import XLOG_WAL_START
 from sparkapply.pgoutput.peek import CHANGE_TAGS, peek_change
 
 if TYPE_CHECKING:
@@ -72,13 +72,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TAG_INSERT = ord("I")
-TAG_BEGIN = ord("B")
-TAG_COMMIT = ord("C")
-_COMMIT = struct.Struct("!BQQq")  # flags, commit LSN, end LSN, commit time
-_U32 = struct.Struct("!I")
-_U32_PAIR = struct.Struct("!II")
-_WAL_START = struct.Struct("!Q")  # an XLogData frame's wal_start, after its tag byte
+TAG_INSERT, TAG_BEGIN, TAG_COMMIT = m.TAG_INSERT, m.TAG_BEGIN, m.TAG_COMMIT
 
 
 @dataclass(slots=True)
@@ -249,7 +243,7 @@ class Assembler:
         """
         if armed("feed"):  # the crash tests count messages
             for frame in frames:
-                self.feed(frame[header:], _WAL_START.unpack_from(frame, 1)[0])
+                self.feed(frame[header:], XLOG_WAL_START.unpack_from(frame, 1)[0])
             return
         i, n = 0, len(frames)
         while i < n:
@@ -257,7 +251,7 @@ class Assembler:
             if i < n:
                 frame = frames[i]
                 if not self._begin_or_commit(frame, header):
-                    self.feed(frame[header:], _WAL_START.unpack_from(frame, 1)[0])
+                    self.feed(frame[header:], XLOG_WAL_START.unpack_from(frame, 1)[0])
                 i += 1
 
     def _begin_or_commit(self, frame: memoryview, header: int) -> bool:
@@ -265,14 +259,15 @@ class Assembler:
         transactions are 40,000 of them); False for anything :meth:`feed` must see,
         which also raises the errors (wrong length, flags, place)."""
         size = len(frame) - header
-        if self._stream_xid is not None or size < 21:
+        if self._stream_xid is not None or size < peek.BEGIN_SIZE:
             return False
         tag = frame[header]
-        if tag == TAG_BEGIN and size == 21 and self._current is None:
-            self._begin(_U32.unpack_from(frame, header + 17)[0])
+        if tag == TAG_BEGIN and size == peek.BEGIN_SIZE and self._current is None:
+            self._begin(peek.U32.unpack_from(frame, header + peek.BEGIN_XID_AT)[0])
             return True
-        if tag == TAG_COMMIT and size == 26 and self._current is not None and not frame[header + 1]:
-            _, commit_lsn, end_lsn, commit_time = _COMMIT.unpack_from(frame, header + 1)
+        committing = tag == TAG_COMMIT and size == peek.COMMIT_SIZE
+        if committing and self._current is not None and not frame[header + 1]:
+            _, commit_lsn, end_lsn, commit_time = peek.COMMIT.unpack_from(frame, header + 1)
             txn = self._end_current("COMMIT")
             self._commit(txn, commit_lsn, end_lsn, commit_time, "commit")
             return True
@@ -284,11 +279,11 @@ class Assembler:
         if self._stream_xid is not None:
             txn = self._streams[self._stream_xid]
             in_stream = True
-            need = header + 12  # tag, xid, relid, tuple kind, column count
+            need = header + peek.STREAM_CHANGE_HEAD
         elif self._current is not None:
             txn = self._current
             in_stream = False
-            need = header + 8  # tag, relid, tuple kind, column count
+            need = header + peek.CHANGE_HEAD
         else:
             return i
         n = len(frames)
@@ -298,8 +293,8 @@ class Assembler:
         mutated = txn.mutated
         pos = txn.writer.offset
         payloads: list[memoryview] = []
-        pair = _U32_PAIR.unpack_from
-        single = _U32.unpack_from
+        pair = peek.U32_PAIR.unpack_from
+        single = peek.U32.unpack_from
         while i < n:
             frame = frames[i]
             size = len(frame)

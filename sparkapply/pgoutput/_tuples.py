@@ -16,15 +16,23 @@ from sparkapply.pgoutput._wire import (
     _new_tupledata,
     tag_name,
 )
-from sparkapply.pgoutput.messages import UNCHANGED, ColumnValue, TupleData
+from sparkapply.pgoutput.messages import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_UNCHANGED,
+    UNCHANGED,
+    ColumnValue,
+    TupleData,
+)
 
 # ---------------------------------------------------------------------------------
 # TupleData: the hot loop
 
-_KIND_TEXT = 0x74  # 't'
-_KIND_NULL = 0x6E  # 'n'
-_KIND_UNCHANGED = 0x75  # 'u'
-_KIND_BINARY = 0x62  # 'b'
+_KIND_TEXT = KIND_TEXT  # module globals, read in the hot loop
+_KIND_NULL = KIND_NULL
+_KIND_UNCHANGED = KIND_UNCHANGED
+_KIND_BINARY = KIND_BINARY
 
 
 def _columns(buf: bytes, o: int, end: int, natts: int) -> tuple[TupleData, int]:

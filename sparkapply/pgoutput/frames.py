@@ -13,6 +13,7 @@ __all__ = [
     "PG_EPOCH_OFFSET_MICROS",
     "XLOG_DATA_HEADER",
     "XLOG_DATA_TAG",
+    "XLOG_WAL_START",
     "PrimaryKeepalive",
     "StandbyStatusUpdate",
     "XLogData",
@@ -28,6 +29,7 @@ __all__ = [
 PG_EPOCH_OFFSET_MICROS = 946_684_800_000_000
 
 XLOG_DATA_HEADER = struct.Struct(">cQQq")
+XLOG_WAL_START = struct.Struct(">Q")  # an XLogData frame's wal_start, after its tag byte
 """XLogData's head: 'w', wal_start, wal_end, send_time (the receive loop reads it inline)."""
 XLOG_DATA_TAG = ord("w")
 _KEEPALIVE = struct.Struct(">cQqB")

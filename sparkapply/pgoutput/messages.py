@@ -12,6 +12,24 @@ import enum
 from dataclasses import dataclass
 from typing import Final, Literal
 
+# The one definition of the wire's byte values; every reader outside pgoutput/ (the
+# assembler's fast routing reads, the executors' column-wise decoder) imports them.
+
+# Message tags: a message's first byte.
+TAG_BEGIN = 0x42  # 'B'
+TAG_COMMIT = 0x43  # 'C'
+TAG_RELATION = 0x52  # 'R'
+TAG_TYPE = 0x59  # 'Y'
+TAG_INSERT = 0x49  # 'I'
+TAG_UPDATE = 0x55  # 'U'
+TAG_DELETE = 0x44  # 'D'
+TAG_TRUNCATE = 0x54  # 'T'
+
+# Which tuple follows in an Update or Delete.
+TUPLE_NEW = 0x4E  # 'N'
+TUPLE_KEY = 0x4B  # 'K': the replica identity's columns
+TUPLE_OLD = 0x4F  # 'O': the whole old row (REPLICA IDENTITY FULL)
+
 # TupleData column kinds, as on the wire.
 KIND_NULL = 0x6E  # 'n'
 KIND_UNCHANGED = 0x75  # 'u': unchanged TOASTed value, the value is not sent

@@ -3,6 +3,10 @@
 The driver must know which transaction and relation a change belongs to, but not its
 column values: those are decoded once, on an executor. Full validation of the change
 happens there; here only the fixed-offset header is read (and checked for length).
+
+The assembler's receive loop reads BEGIN, COMMIT and change headers inline, with no
+call per message (``changes/assembler.py``, ``feed_frames``); the layouts it reads
+them by are defined here, beside :func:`peek_change`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,16 @@ from sparkapply.errors import ProtocolError
 
 _U32 = struct.Struct("!I")
 _I32 = struct.Struct("!i")
+
+# Layouts for inline reads (offsets after the tag byte unless said otherwise).
+U32 = _U32
+U32_PAIR = struct.Struct("!II")  # in-stream change: xid, relation id
+BEGIN_SIZE = 21  # tag, final LSN, commit time, xid
+BEGIN_XID_AT = 17  # from the tag
+COMMIT_SIZE = 26  # tag, flags, commit LSN, end LSN, commit time
+COMMIT = struct.Struct("!BQQq")  # flags, commit LSN, end LSN, commit time
+CHANGE_HEAD = 8  # tag, relation id, tuple kind, column count
+STREAM_CHANGE_HEAD = 12  # tag, xid, relation id, tuple kind, column count
 
 CHANGE_TAGS = frozenset(b"IUD")
 
