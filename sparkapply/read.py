@@ -13,7 +13,7 @@ tables agree with each other as they did on the publisher::
     orders = catalog.load_table("public.orders").scan(snapshot_id=ids["public.orders"])
 
 Tables are named ``<pg schema>.<pg table>``; :func:`latest_cut` also says which Iceberg
-table each is (``[sink.tables]`` may rename them). Cuts of the last two minutes, and
+table each is (``[sink.tables]`` may rename them). Cuts of the last minute, and
 the last cut of each minute before that (up to ``[maintenance] retain_seconds``), are
 kept, and expiry keeps every snapshot they name.
 """

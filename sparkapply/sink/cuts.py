@@ -76,7 +76,11 @@ from sparkapply.sink.tables import TableIdentifier, data_directory, ensure_table
 logger = logging.getLogger(__name__)
 
 DEFAULT_CUTS_TABLE = "sparkapply.cuts"
-DENSE_SECONDS = 120.0  # every cut younger than this is kept
+# Every cut younger than this is kept. Each kept cut keeps a snapshot of every hot
+# table, and a table's metadata (copied and rewritten at each commit) grows with its
+# snapshots: at two batches a second a minute is 120 of them, about what the apply's
+# own expiry keeps anyway ([sink] retain_snapshots).
+DENSE_SECONDS = 60.0
 THIN_SECONDS = 60.0  # older ones: the last of each such interval
 MAX_FILES = 64  # the cuts table is rewritten to the kept cuts beyond this
 

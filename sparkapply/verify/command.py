@@ -142,6 +142,12 @@ def run_verify(
 ) -> VerifyReport:
     """Compare every published table (or ``tables``, as ``schema.table``) with the
     mirror at one exact LSN; see the module doc."""
+    if not config.sink.cuts_table:
+        raise ConfigError(
+            "verify reads the mirror at a cut, and [sink] cuts_table is empty",
+            key="sink.cuts_table",
+            hint="set [sink] cuts_table (default sparkapply.cuts) and run `sparkapply run`",
+        )
     if catalog is None:
         from sparkapply.sink.catalog import open_catalog
 
