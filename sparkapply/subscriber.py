@@ -292,10 +292,13 @@ class Subscriber:
                         protected=cuts.protected if cuts is not None else None,
                     ),
                     applier.known_tables,
+                    retain_snapshots=cfg.sink.retain_snapshots,
                 )
                 if cfg.maintenance.enabled
                 else None
             )
+            if maintenance is not None:
+                applier.expire_beside = maintenance.expire_later
             job = _ApplyJob(applier, copier, maintenance)
             return self._loop(stream, assembler, progress, scheduler, job, target)
         finally:

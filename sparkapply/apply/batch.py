@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -255,6 +255,9 @@ class Applier:
         self.max_tasks_per_table = max_tasks_per_table
         self.atomic = atomic  # one catalog transaction per batch (sink/atomic.py)
         self.cuts = cuts  # each batch records a cut (sink/cuts.py)
+        # Where the expiry below runs instead of on this thread (maintenance beside the
+        # apply: maintain/background.py); None expires here, after the commit.
+        self.expire_beside: Callable[[TableIdent], None] | None = None
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
         return relation_identifier(rel, self.table_map)
@@ -463,7 +466,9 @@ class Applier:
                     commit_staged(cut[0])
             if self.cuts is not None and cut is not None:
                 self.cuts.committed(staged, cut[1])
-                self._expire(self.cuts.table)
+                # Inline: the apply is the cuts table's only writer, and holds no lock
+                # on it that maintenance could commit under.
+                self._expire(self.cuts.table, beside=False)
         except SparkapplyError as exc:
             if not isinstance(exc, CommitOutcomeUnknownError):
                 for r in results:
@@ -498,7 +503,7 @@ class Applier:
         cuts.committed([], cut)
         log.info("recorded the cut at %s as asked (%d tables)", lsn, len(cut.tables))
 
-    def _expire(self, table: Table) -> None:
+    def _expire(self, table: Table, *, beside: bool = True) -> None:
         """Keep commits cheap: a commit's cost grows with the snapshots a table keeps.
         Snapshots a kept cut names stay (sink/cuts.py); expiry runs once half of
         ``retain_snapshots`` can go, not after every batch."""
@@ -510,6 +515,9 @@ class Applier:
         now = dt.datetime.now(dt.UTC)
         doomed = doomed_snapshots(table.metadata, older_than=now, retain_last=keep, keep=protected)
         if len(doomed) < max(1, keep // 2):
+            return
+        if beside and self.expire_beside is not None:
+            self.expire_beside((namespace, name))
             return
         try:
             if self.free_expired_files:

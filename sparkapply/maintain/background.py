@@ -7,11 +7,14 @@ tasks do not queue behind a compaction's), and each of their commits holds the
 table's lock (``sink/locks.py``) so that it never lands between an apply's planning
 and its commit. One run at a time: a run is started after a batch when none is
 running; a table whose thresholds are still exceeded is looked at again next time.
+The apply's own expiry (``[sink] retain_snapshots``) runs here too, first, when the
+apply asks for it (:meth:`BackgroundMaintenance.expire_later`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -23,10 +26,18 @@ log = logging.getLogger(__name__)
 
 class BackgroundMaintenance:
     def __init__(
-        self, maintainer: Maintainer, tables: Callable[[], Sequence[TableIdentifier]]
+        self,
+        maintainer: Maintainer,
+        tables: Callable[[], Sequence[TableIdentifier]],
+        *,
+        retain_snapshots: int = 100,
     ) -> None:
         self.maintainer = maintainer
         self.tables = tables
+        # The apply's own expiry ([sink] retain_snapshots), asked for by the apply.
+        self.retain_snapshots = retain_snapshots
+        self._expiry_due: set[TableIdentifier] = set()
+        self._guard = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkapply-maintain")
         self._running: Future[list[MaintenanceReport]] | None = None
         self.runs = 0  # runs finished (for tests and status)
@@ -46,7 +57,17 @@ class BackgroundMaintenance:
         running.result()
         self.runs += 1
 
+    def expire_later(self, ident: TableIdentifier) -> None:
+        """The apply found ``ident`` over its snapshot count: expire it on the next run
+        (thread-safe)."""
+        with self._guard:
+            self._expiry_due.add(ident)
+
     def _run(self) -> list[MaintenanceReport]:
+        with self._guard:
+            due, self._expiry_due = sorted(self._expiry_due), set()
+        for ident in due:
+            self.maintainer.expire_excess(ident, retain_last=self.retain_snapshots)
         return self.maintainer.run_due(self.tables())
 
     def close(self) -> None:

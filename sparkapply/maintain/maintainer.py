@@ -352,14 +352,30 @@ class Maintainer:
         )
 
     def _expire(self, table: Table, now: float, dry_run: bool, guard: Guard) -> ExpiryOutcome:
-        with guard():
-            return expire_and_delete(
+        return expire_and_delete(
+            table,
+            older_than=self._cutoff(now),
+            retain_last=self.config.retain_snapshots,
+            dry_run=dry_run,
+            keep=self.protected(_ident(table)),
+            guard=guard,
+        )
+
+    def expire_excess(self, ident: TableIdentifier, *, retain_last: int) -> None:
+        """The apply's own expiry ([sink] retain_snapshots: keep commits cheap), run here
+        beside the apply: reading manifests and deleting files took about a second a
+        table, on the apply thread, before the batch was acknowledged."""
+        try:
+            table = self.catalog.load_table(ident)
+            expire_and_delete(
                 table,
-                older_than=self._cutoff(now),
-                retain_last=self.config.retain_snapshots,
-                dry_run=dry_run,
-                keep=self.protected(_ident(table)),
+                older_than=dt.datetime.now(dt.UTC),
+                retain_last=retain_last,
+                keep=self.protected(ident),
+                guard=self._guard(ident),
             )
+        except SparkapplyError as exc:  # retried once the apply asks again
+            logger.warning("%s", exc)
 
     def _merge_manifests(self, table: Table, dry_run: bool, guard: Guard) -> tuple[int, int]:
         """Rewrite the current snapshot's manifests as one data and one delete manifest

@@ -42,10 +42,12 @@ ever deleted.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import re
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -146,10 +148,13 @@ def expire_and_delete(
     retain_last: int,
     dry_run: bool = False,
     keep: Collection[int] = (),
+    guard: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> ExpiryOutcome:
     """Expire snapshots as :func:`expire_snapshots` does and delete the files only they
     referenced (see the module doc). ``dry_run``: commit and delete nothing; report
-    what would be."""
+    what would be. ``guard`` is held around the one metadata commit only (beside the
+    apply: ``sink/locks.py``); reading manifests and deleting files run outside it,
+    on the table as refreshed under it."""
     outcome = ExpiryOutcome()
     metadata = table.metadata
     doomed = _doomed(table, older_than, retain_last, keep)
@@ -162,8 +167,11 @@ def expire_and_delete(
         if dry_run:
             kept_ids = [s.snapshot_id for s in metadata.snapshots if s.snapshot_id not in doomed]
         else:
-            before = len(metadata.snapshots)
-            _commit_expiry(table, doomed)
+            with guard():
+                if guard is not contextlib.nullcontext:
+                    table.refresh()  # another writer may have committed meanwhile
+                before = len(table.metadata.snapshots)
+                _commit_expiry(table, doomed)
             outcome.snapshots_expired = before - len(table.metadata.snapshots)
             failpoint("expire-before-delete")
             kept_ids = [s.snapshot_id for s in table.metadata.snapshots]

@@ -63,6 +63,25 @@ def test_old_snapshots_are_expired_and_the_lsn_survives(mirror: Mirror) -> None:
     mirror.assert_mirrored("public.t")
 
 
+def test_the_applys_own_expiry_runs_beside_it_with_maintenance_on(mirror: Mirror) -> None:
+    """With maintenance on, the expiry that keeps commits cheap runs on maintenance's
+    thread (it read manifests and deleted files for about a second a table on the
+    apply thread, before the batch was acknowledged): snapshots stay bounded."""
+    from dataclasses import replace
+
+    mirror.config = replace(
+        mirror.config, sink=replace(mirror.config.sink, retain_snapshots=2, cuts_table="")
+    )
+    mirror.sql("CREATE TABLE t (id int PRIMARY KEY, v int)", "CREATE PUBLICATION pub FOR TABLE t")
+    mirror.run()
+    for i in range(8):  # one batch each
+        mirror.sql(f"INSERT INTO t VALUES ({i}, {i})", f"UPDATE t SET v = v + 1 WHERE id < {i}")
+        mirror.run()
+    table = mirror.catalog.load_table(("public", "t"))
+    assert len(table.metadata.snapshots) <= 5, len(table.metadata.snapshots)
+    mirror.assert_mirrored("public.t")
+
+
 def test_keepalives_answered_while_spark_works(mirror: Mirror, pg_server: PgServer) -> None:
     """With wal_sender_timeout = 1 s the walsender drops a subscriber that stays silent
     for a second; a multi-second apply must not make it (no reconnect)."""
