@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -22,6 +23,13 @@ from sparkapply.maintain.maintainer import Maintainer, MaintenanceReport
 from sparkapply.sink.tables import TableIdentifier
 
 log = logging.getLogger(__name__)
+
+# Runs start at most this often (the apply's expiry excepted). A run reads every
+# table's snapshot summary and manifest list in this process, beside the apply's own
+# Python work on two cores; after every batch, at two batches a second, maintenance
+# ran without pause and slowed the apply's planning and commits by half. Thresholds
+# crossed meanwhile wait this long at most.
+MIN_SECONDS_BETWEEN_RUNS = 5.0
 
 
 class BackgroundMaintenance:
@@ -31,6 +39,7 @@ class BackgroundMaintenance:
         tables: Callable[[], Sequence[TableIdentifier]],
         *,
         retain_snapshots: int = 100,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.maintainer = maintainer
         self.tables = tables
@@ -38,6 +47,8 @@ class BackgroundMaintenance:
         self.retain_snapshots = retain_snapshots
         self._expiry_due: set[TableIdentifier] = set()
         self._guard = threading.Lock()
+        self._clock = clock
+        self._started = float("-inf")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkapply-maintain")
         self._running: Future[list[MaintenanceReport]] | None = None
         self.runs = 0  # runs finished (for tests and status)
@@ -49,6 +60,12 @@ class BackgroundMaintenance:
             if not self._running.done():
                 return
             self._finish()
+        now = self._clock()
+        with self._guard:
+            expiry_due = bool(self._expiry_due)
+        if now - self._started < MIN_SECONDS_BETWEEN_RUNS and not expiry_due:
+            return
+        self._started = now
         self._running = self._pool.submit(self._run)
 
     def _finish(self) -> None:
@@ -69,6 +86,11 @@ class BackgroundMaintenance:
         for ident in due:
             self.maintainer.expire_excess(ident, retain_last=self.retain_snapshots)
         return self.maintainer.run_due(self.tables())
+
+    def close_run(self) -> None:
+        """Wait for the run in progress, if any (tests)."""
+        if self._running is not None:
+            self._finish()
 
     def close(self) -> None:
         """Wait for the run in progress (a kill at any point is safe; a clean stop
