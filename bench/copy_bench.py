@@ -38,41 +38,20 @@ import argparse
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 import psycopg
 from benchlib.consumers import Consumer, NativeCopy, Results
 from benchlib.report import Output, add_output_options, log, machine, print_table
-from benchlib.servers import PUBLICATION, scratch, server
+from benchlib.servers import scratch, server
 from benchlib.sparkapply_runs import SPARK_MASTER, Sparkapply, start_spark
-from benchlib.workloads import BENCH, BENCH_DDL, COPY_INSERT, Backlog, checksum
-
-from sparkapply.embedded import EmbeddedPostgres
+from benchlib.workloads import BENCH_DDL, load_bench_table
 
 SETTINGS = {  # sparkapply.embedded's normal settings, and room for the load's WAL
     "max_wal_size": "8GB",
     "checkpoint_timeout": "1h",
     "wal_sender_timeout": "0",
 }
-
-
-def load(pub: EmbeddedPostgres, rows: int) -> Backlog:
-    """``rows`` rows, frozen and read once; the copy a consumer must then hold."""
-    with psycopg.connect(pub.dsn(), autocommit=True) as conn:
-        conn.execute(BENCH_DDL)
-        t = time.perf_counter()
-        step = 1_000_000
-        for lo in range(1, rows + 1, step):
-            conn.execute(COPY_INSERT, (lo, min(rows, lo + step - 1)))
-        log(f"loaded {rows:,} rows in {time.perf_counter() - t:.1f}s")
-        t = time.perf_counter()
-        conn.execute(f"VACUUM (FREEZE, ANALYZE) {BENCH}")
-        size = conn.execute(f"SELECT pg_size_pretty(pg_table_size('{BENCH}'))").fetchone()
-        log(f"vacuumed in {time.perf_counter() - t:.1f}s; table size {size[0] if size else '?'}")
-        conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {BENCH}")
-        expected = checksum(conn, BENCH, "d")  # also warms the page cache
-    return Backlog("copy", rows, inserts=rows, expected=expected, table=BENCH, amount="d")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         server(root / "publisher", SETTINGS) as pub,
         server(root / "subscriber", SETTINGS) as subscriber,
     ):
-        backlog = load(pub, args.rows)
+        backlog = load_bench_table(pub, args.rows)
         with psycopg.connect(subscriber.dsn(), autocommit=True) as conn:
             conn.execute(BENCH_DDL)
         spark, startup, warmup = start_spark("sparkapply-copy-bench")

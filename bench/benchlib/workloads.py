@@ -15,7 +15,9 @@ from typing import Any
 
 import psycopg
 
-from benchlib.servers import insert_lsn
+from benchlib.report import log
+from benchlib.servers import PUBLICATION, insert_lsn
+from sparkapply.embedded import EmbeddedPostgres
 from sparkapply.lsn import INVALID_LSN, Lsn
 
 ORDERS = "orders"
@@ -208,3 +210,22 @@ def describe(b: Backlog) -> str:
         f"{b.inserts:,} inserts in transactions of {TXN_ROWS:,}, {b.updates:,}"
         f" updates, {b.deletes:,} deletes ({b.transactions:,} transactions)"
     )
+
+
+def load_bench_table(pub: EmbeddedPostgres, rows: int) -> Backlog:
+    """``bench`` with ``rows`` rows (the copy benchmark's), frozen, published and read
+    once: the copy a consumer must then hold."""
+    with psycopg.connect(pub.dsn(), autocommit=True) as conn:
+        conn.execute(BENCH_DDL)
+        t = time.perf_counter()
+        step = 1_000_000
+        for lo in range(1, rows + 1, step):
+            conn.execute(COPY_INSERT, (lo, min(rows, lo + step - 1)))
+        log(f"loaded {rows:,} rows in {time.perf_counter() - t:.1f}s")
+        t = time.perf_counter()
+        conn.execute(f"VACUUM (FREEZE, ANALYZE) {BENCH}")
+        size = conn.execute(f"SELECT pg_size_pretty(pg_table_size('{BENCH}'))").fetchone()
+        log(f"vacuumed in {time.perf_counter() - t:.1f}s; table size {size[0] if size else '?'}")
+        conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {BENCH}")
+        expected = checksum(conn, BENCH, "d")  # also warms the page cache
+    return Backlog("copy", rows, inserts=rows, expected=expected, table=BENCH, amount="d")

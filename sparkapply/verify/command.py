@@ -6,9 +6,11 @@
    ``run``, or the next one, within ``timeout``) says which snapshot of each table
    holds exactly the same transactions; Spark tasks hash those (``mirror.py``).
 3. Per table: rows and the order-independent hash (``canonical.py``). When they
-   differ, the key buckets whose sums differ are read on both sides and compared row
-   by row: keys missing in Iceberg, extra in Iceberg, or different (which columns);
-   for a table without a key, the row images whose count differs.
+   differ, the buckets whose sums differ are read on both sides and their rows
+   matched by key: keys missing in Iceberg, extra in Iceberg, or different (which
+   columns); for a table without a key, the row images whose count differs. A row
+   falls in a bucket by its own hash, not its key's: one MD5 per row, not two, and a
+   changed row's two images land in two buckets that both differ, so both are read.
 """
 
 from __future__ import annotations

@@ -3,15 +3,16 @@
 The driver plans the snapshot's file scan tasks (a data file with the position
 deletes that apply to it) and ships them, with the table's metadata, to Spark tasks;
 each reads its files through pyiceberg's Arrow reader (merge-on-read applied) and
-returns only sums per key bucket, or, when narrowing down a difference, the rows of
+returns only sums per bucket, or, when narrowing down a difference, the rows of
 the buckets asked for. Only those small results cross back to the driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import load_file_io
@@ -20,7 +21,13 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 
 from sparkapply.convert.types import ColumnTarget
-from sparkapply.verify.canonical import arrow_text, row_text, text_bucket, text_hash
+from sparkapply.verify.canonical import (
+    HASH_MOD,
+    arrow_hashes,
+    arrow_row_texts,
+    arrow_texts,
+    row_text,
+)
 
 Buckets = dict[int, tuple[int, int]]  # bucket -> (rows, sum of row hashes)
 
@@ -54,25 +61,45 @@ class _Task:
     wanted: frozenset[int] | None  # None: sums; else the rows of these buckets
 
 
-def hash_rows(arrow: pa.Table, shape: Shape) -> list[RowTexts]:
-    """The texts of every row of ``arrow`` (the shape's columns, as read)."""
-    texts = [arrow_text(arrow.column(name), target) for name, target in shape.columns]
+@dataclass(frozen=True, slots=True)
+class _Texts:
+    """A batch of rows: each column's texts, each row's hash and bucket."""
+
+    columns: list[pa.Array]
+    hashes: npt.NDArray[np.int64]
+    buckets: npt.NDArray[np.int64]
+
+
+def _texts(arrow: pa.Table, shape: Shape) -> _Texts:
+    columns = [arrow_texts(arrow.column(name), target) for name, target in shape.columns]
+    if not columns:  # no published column: every row is the empty text
+        columns = [pa.array([""] * arrow.num_rows, pa.string())]
+    hashes, prefixes = arrow_hashes(columns)
+    return _Texts(columns, hashes, prefixes.astype(np.int64) % shape.buckets)
+
+
+def sums(arrow: pa.Table, shape: Shape) -> Buckets:
+    """Rows and hash sums (mod 2^64) per bucket of ``arrow``'s rows."""
+    texts = _texts(arrow, shape)
+    counts = np.bincount(texts.buckets, minlength=shape.buckets)
+    totals = np.zeros(shape.buckets, dtype=np.int64)
+    np.add.at(totals, texts.buckets, texts.hashes)  # wraps: the sum is mod 2^64
+    return {b: (int(counts[b]), int(totals[b]) % HASH_MOD) for b in np.flatnonzero(counts).tolist()}
+
+
+def rows_in(arrow: pa.Table, shape: Shape, wanted: frozenset[int]) -> list[RowTexts]:
+    """The rows of ``arrow`` that fall in ``wanted`` buckets, with their texts."""
+    texts = _texts(arrow, shape)
+    at = pa.array(np.flatnonzero(np.isin(texts.buckets, sorted(wanted))))
+    picked = [c.take(at) for c in texts.columns]
+    values = [c.to_pylist() for c in picked]
     names = [name for name, _ in shape.columns]
     key_at = [names.index(k) for k in shape.key]
     out = []
-    for values in zip(*texts, strict=True) if texts else []:
-        row = row_text(values)
-        key = row_text([values[i] for i in key_at]) if key_at else row
-        out.append(RowTexts(key, row, tuple(values)))
-    return out
-
-
-def sums(rows: Sequence[RowTexts], buckets: int) -> Buckets:
-    out: Buckets = {}
-    for r in rows:
-        b = text_bucket(r.key, buckets)
-        n, h = out.get(b, (0, 0))
-        out[b] = (n + 1, h + text_hash(r.row))
+    for i, row in enumerate(arrow_row_texts(picked).to_pylist()):
+        cells = tuple(v[i] for v in values)
+        key = row_text([cells[k] for k in key_at]) if key_at else row
+        out.append(RowTexts(key, row, cells))
     return out
 
 
@@ -80,11 +107,9 @@ def _run(task: _Task) -> tuple[Buckets, list[RowTexts]]:
     io = load_file_io(task.properties, task.metadata.location)
     schema = task.metadata.schema().select(*[name for name, _ in task.shape.columns])
     arrow = ArrowScan(task.metadata, io, schema, AlwaysTrue()).to_table(task.files)
-    rows = hash_rows(arrow, task.shape)
     if task.wanted is None:
-        return sums(rows, task.shape.buckets), []
-    keep = [r for r in rows if text_bucket(r.key, task.shape.buckets) in task.wanted]
-    return {}, keep
+        return sums(arrow, task.shape), []
+    return {}, rows_in(arrow, task.shape, task.wanted)
 
 
 def _plan(
@@ -102,20 +127,20 @@ def _plan(
 
 
 def mirror_sums(spark: object, table: Table, snapshot_id: int, shape: Shape) -> Buckets:
-    """Rows and hash sums per key bucket of ``table`` at ``snapshot_id``."""
+    """Rows and hash sums per bucket of ``table`` at ``snapshot_id``."""
     tasks = _plan(table, snapshot_id, shape, None)
     out: Buckets = {}
     for part, _ in _collect(spark, tasks):
         for b, (n, h) in part.items():
             n0, h0 = out.get(b, (0, 0))
-            out[b] = (n0 + n, h0 + h)
+            out[b] = (n0 + n, (h0 + h) % HASH_MOD)
     return out
 
 
 def mirror_rows(
     spark: object, table: Table, snapshot_id: int, shape: Shape, wanted: frozenset[int]
 ) -> list[RowTexts]:
-    """The rows of ``table`` at ``snapshot_id`` whose key falls in ``wanted`` buckets."""
+    """The rows of ``table`` at ``snapshot_id`` that fall in ``wanted`` buckets."""
     tasks = _plan(table, snapshot_id, shape, wanted)
     return [r for _, rows in _collect(spark, tasks) for r in rows]
 

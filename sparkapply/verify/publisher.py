@@ -3,7 +3,7 @@
 A temporary logical slot exports a snapshot at its consistent point C: it sees exactly
 the transactions committed before C. A repeatable-read transaction imports it, and
 every published table is read in it (its published columns, its row filter, as the
-initial copy reads it), hashed by the server per key bucket (``canonical.py``). The
+initial copy reads it), hashed by the server per bucket (``canonical.py``). The
 slot is temporary: the server drops it when the replication connection closes, also
 when ``verify`` is killed.
 """
@@ -23,7 +23,15 @@ from sparkapply.copy.snapshot import SourceTable, begin_at_snapshot
 from sparkapply.lsn import Lsn
 from sparkapply.source.connection import session_conninfo
 from sparkapply.source.publisher import temporary_snapshot
-from sparkapply.verify.canonical import HASH_MOD, sql_bucket, sql_hash, sql_row_text, sql_text
+from sparkapply.verify.canonical import (
+    HASH_MOD,
+    sql_bucket,
+    sql_digest,
+    sql_digest_bucket,
+    sql_digest_hash,
+    sql_row_text,
+    sql_text,
+)
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape
 
 
@@ -73,26 +81,28 @@ def _where(table: SourceTable) -> sql.Composable:
 
 
 def publisher_sums(conn: psycopg.Connection[Any], table: SourceTable, shape: Shape) -> Buckets:
-    """Rows and hash sums per key bucket, computed by the server."""
-    _, row, key = _texts(shape)
+    """Rows and hash sums per bucket, computed by the server."""
+    _, row, _ = _texts(shape)
+    digest = sql.Identifier("m")
     query = sql.SQL(
-        "SELECT b, count(*), sum(h::numeric) FROM (SELECT {bucket} AS b, {hash} AS h "
-        "FROM {source}{where}) s GROUP BY b"
+        "SELECT {bucket}, count(*), sum({hash}::numeric) FROM (SELECT {digest} AS m "
+        "FROM {source}{where}) s GROUP BY 1"
     ).format(
-        bucket=sql_bucket(key, shape.buckets),
-        hash=sql_hash(row),
+        bucket=sql_digest_bucket(digest, shape.buckets),
+        hash=sql_digest_hash(digest),
+        digest=sql_digest(row),
         source=_source(table),
         where=_where(table),
     )
-    return {int(b): (int(n), int(h)) for b, n, h in conn.execute(query)}
+    return {int(b): (int(n), int(h) % HASH_MOD) for b, n, h in conn.execute(query)}
 
 
 def publisher_rows(
     conn: psycopg.Connection[Any], table: SourceTable, shape: Shape, wanted: Sequence[int]
 ) -> list[RowTexts]:
-    """The rows whose key falls in ``wanted`` buckets, with their texts."""
+    """The rows that fall in ``wanted`` buckets, with their texts."""
     cols, row, key = _texts(shape)
-    bucket = sql_bucket(key, shape.buckets)
+    bucket = sql_bucket(row, shape.buckets)
     where = _where(table)
     joiner = sql.SQL(" AND ") if table.row_filter else sql.SQL(" WHERE ")
     query = sql.SQL(

@@ -18,7 +18,10 @@ from psycopg import sql
 from sparkapply.convert.types import PgColumnType, column_target
 from sparkapply.source.connection import session_conninfo
 from sparkapply.verify.canonical import (
+    arrow_hashes,
+    arrow_row_texts,
     arrow_text,
+    arrow_texts,
     row_text,
     sql_bucket,
     sql_hash,
@@ -162,8 +165,21 @@ def test_both_sides_give_the_same_text(
                 row, sql_hash(row), sql_bucket(row, 16)
             )
         ).fetchall()
-    mirror = arrow_text(_arrow(values, arrow_type), target)
+    array = _arrow(values, arrow_type)
+    mirror = arrow_text(array, target)
     assert mirror == got
     for n, (text, h, bucket) in enumerate(hashes):
         assert row_text([mirror[n], str(n)]) == text
         assert (text_hash(text), text_bucket(text, 16)) == (h, bucket)
+    # The vectorised hashes, and a slice at an offset into its buffers, as Arrow
+    # hands a scan's batches over.
+    texts = arrow_texts(array, target)
+    numbers = pa.array([str(n) for n in range(len(values))])
+    assert arrow_row_texts([texts, numbers]).to_pylist() == [t for t, _, _ in hashes]
+    row_hashes, prefixes = arrow_hashes([texts, numbers])
+    assert [(int(h), int(p) % 16) for h, p in zip(row_hashes, prefixes, strict=True)] == [
+        (h, bucket) for _, h, bucket in hashes
+    ]
+    doubled = pa.concat_arrays([array, array])
+    assert arrow_text(doubled.slice(len(values)), target) == got
+    assert arrow_text(pa.chunked_array([array[:1], array[1:]], array.type), target) == got
