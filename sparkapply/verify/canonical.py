@@ -101,31 +101,20 @@ def sql_row_text(texts: Sequence[sql.Composable]) -> sql.Composable:
     return sql.SQL("concat_ws(chr(31), {})").format(parts)
 
 
-def sql_digest(text: sql.Composable) -> sql.Composable:
-    """The MD5 of a row's text, in hex: what its hash and its bucket are taken from."""
-    return sql.SQL("md5({})").format(text)
-
-
-def sql_digest_hash(digest: sql.Composable) -> sql.Composable:
-    """The 64-bit hash (a signed bigint) from a :func:`sql_digest`."""
-    return sql.SQL("('x' || substr({}, 1, 16))::bit(64)::bigint").format(digest)
-
-
-def sql_digest_bucket(digest: sql.Composable, buckets: int) -> sql.Composable:
-    """Which of ``buckets`` the row of a :func:`sql_digest` falls in."""
-    return sql.SQL("(('x' || substr({}, 1, 8))::bit(32)::bigint % {})").format(
-        digest, sql.Literal(buckets)
-    )
-
-
 def sql_hash(text: sql.Composable) -> sql.Composable:
-    """The 64-bit hash of a row's text (a signed bigint)."""
-    return sql_digest_hash(sql_digest(text))
+    """The 64-bit hash of a row's text (a signed bigint): its MD5's first 8 bytes."""
+    return sql.SQL("('x' || substr(md5({}), 1, 16))::bit(64)::bigint").format(text)
+
+
+def sql_hash_bucket(hash_: sql.Composable, buckets: int) -> sql.Composable:
+    """Which of ``buckets`` the row of a :func:`sql_hash` falls in: its MD5's first
+    4 bytes, unsigned, modulo ``buckets`` (taken from the hash: one MD5 a row)."""
+    return sql.SQL("((({} >> 32) & 4294967295) % {})").format(hash_, sql.Literal(buckets))
 
 
 def sql_bucket(text: sql.Composable, buckets: int) -> sql.Composable:
     """Which of ``buckets`` a row's text falls in."""
-    return sql_digest_bucket(sql_digest(text), buckets)
+    return sql_hash_bucket(sql_hash(text), buckets)
 
 
 # -- Arrow --------------------------------------------------------------------------------
@@ -200,14 +189,13 @@ def arrow_hashes(
     as :func:`text_bucket`)."""
     import duckdb  # its MD5 is vectorised; hashlib is one call per row
 
-    names = [f"c{i}" for i in range(len(columns))]
-    table = pa.table({n: pc.fill_null(c, NULL) for n, c in zip(names, columns, strict=True)})
-    # The row text is joined here, not in Arrow: DuckDB does it as fast as it hashes.
-    query = "SELECT md5_number_upper(concat_ws(chr(31), {})) AS h FROM t".format(", ".join(names))
-    con = duckdb.connect()
+    # The row text is joined in Arrow; DuckDB only hashes it. One thread: a Spark task
+    # owns one core, and a second thread per task halves every task's speed when
+    # tasks run side by side.
+    con = duckdb.connect(config={"threads": 1})
     try:
-        con.register("t", table)
-        upper = con.execute(query).fetchnumpy()["h"]
+        con.register("t", pa.table({"r": arrow_row_texts(columns)}))
+        upper = con.execute("SELECT md5_number_upper(r) AS h FROM t").fetchnumpy()["h"]
     finally:
         con.close()
     # md5_number_upper reads the digest's first eight bytes little-endian.

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -189,36 +190,74 @@ def _verify_once(
                 hint="name tables of the publication, as schema.table",
             )
         shapes = {s.key: shape_of(s) for s in sources}
-        pg = {s.key: publisher_sums(point.conn, s, shapes[s.key]) for s in sources}
-        log.info("publisher hashed at %s; waiting for the mirror's cut there", point.lsn)
-        cut = wait_for_cut(config, point.lsn, timeout=timeout)
-        if spark is None:
-            from sparkapply.apply.session import get_session
+        # The two sides at once: the server hashes its tables while the mirror's cut
+        # is awaited, Spark starts and its tasks hash the mirror's.
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-publisher")
+        future = pool.submit(
+            lambda: {s.key: publisher_sums(point.conn, s, shapes[s.key]) for s in sources}
+        )
+        try:
+            log.info(
+                "verifying at %s: waiting up to %gs for the mirror's cut there", point.lsn, timeout
+            )
+            cut = wait_for_cut(config, point.lsn, timeout=timeout)
+            if spark is None:
+                from sparkapply.apply.session import get_session
 
-            spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
+                spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
+            ice = _mirror_side(config, catalog, spark, cut.tables, sources, shapes)
+            pg = future.result()
+        except BaseException:
+            if not future.done():
+                point.conn.cancel_safe()  # the query, or the pool would wait for it
+            raise
+        finally:
+            pool.shutdown(wait=True)
         verdicts = []
         for source in sources:
             shape = shapes[source.key]
-            ident = config.table_identifier(*source.key)
-            snapshot_id = cut.tables.get(source.qualified)
             rows, digest = total(pg[source.key])
             verdict = TableVerdict(
-                source.qualified, ".".join(ident), snapshot_id, rows, None, digest, None
+                source.qualified,
+                ".".join(config.table_identifier(*source.key)),
+                cut.tables.get(source.qualified),
+                rows,
+                None,
+                digest,
+                None,
             )
             verdicts.append(verdict)
-            if snapshot_id is None:
+            if source.key not in ice:
                 verdict.note = "not in the mirror at this cut"
                 continue
-            table = catalog.load_table(ident)
-            ice = mirror_sums(spark, table, snapshot_id, shape)
-            verdict.iceberg_rows, verdict.iceberg_hash = total(ice)
+            verdict.iceberg_rows, verdict.iceberg_hash = total(ice[source.key])
             if verdict.iceberg_rows == rows and verdict.iceberg_hash == digest:
                 continue
-            wanted = _differing(pg[source.key], ice)
+            wanted = _differing(pg[source.key], ice[source.key])
             theirs = publisher_rows(point.conn, source, shape, wanted)
-            ours = mirror_rows(spark, table, snapshot_id, shape, frozenset(wanted))
+            table = catalog.load_table(config.table_identifier(*source.key))
+            assert verdict.snapshot_id is not None
+            ours = mirror_rows(spark, table, verdict.snapshot_id, shape, frozenset(wanted))
             verdict.differences = _differences(shape, theirs, ours, max_rows)
     return VerifyReport(point.lsn, verdicts)
+
+
+def _mirror_side(
+    config: Config,
+    catalog: Catalog,
+    spark: Any,
+    cut_tables: Mapping[str, int],
+    sources: Sequence[SourceTable],
+    shapes: Mapping[tuple[str, str], Shape],
+) -> dict[tuple[str, str], Buckets]:
+    """Each table's sums at the cut (tables the cut does not name are left out)."""
+    out = {}
+    for source in sources:
+        snapshot_id = cut_tables.get(source.qualified)
+        if snapshot_id is not None:
+            table = catalog.load_table(config.table_identifier(*source.key))
+            out[source.key] = mirror_sums(spark, table, snapshot_id, shapes[source.key])
+    return out
 
 
 def _differing(a: Buckets, b: Buckets) -> list[int]:

@@ -106,29 +106,43 @@ def rows_in(arrow: pa.Table, shape: Shape, wanted: frozenset[int]) -> list[RowTe
 def _run(task: _Task) -> tuple[Buckets, list[RowTexts]]:
     io = load_file_io(task.properties, task.metadata.location)
     schema = task.metadata.schema().select(*[name for name, _ in task.shape.columns])
-    arrow = ArrowScan(task.metadata, io, schema, AlwaysTrue()).to_table(task.files)
-    if task.wanted is None:
-        return sums(arrow, task.shape), []
-    return {}, rows_in(arrow, task.shape, task.wanted)
+    scan = ArrowScan(task.metadata, io, schema, AlwaysTrue())
+    out: Buckets = {}
+    rows: list[RowTexts] = []
+    for file in task.files:  # one at a time: a task's files together may not fit
+        arrow = scan.to_table([file])
+        if task.wanted is not None:
+            rows.extend(rows_in(arrow, task.shape, task.wanted))
+            continue
+        for b, (n, h) in sums(arrow, task.shape).items():
+            n0, h0 = out.get(b, (0, 0))
+            out[b] = (n0 + n, (h0 + h) % HASH_MOD)
+    return out, rows
 
 
 def _plan(
-    table: Table, snapshot_id: int, shape: Shape, wanted: frozenset[int] | None
+    spark: object, table: Table, snapshot_id: int, shape: Shape, wanted: frozenset[int] | None
 ) -> list[_Task]:
     files = list(table.scan(snapshot_id=snapshot_id).plan_files())
     props = dict(table.io.properties)
-    # A few files per task: one task per small file would cost more to schedule than
-    # to read.
-    per_task = max(1, len(files) // 64 + 1)
+    # Two tasks a core, the files dealt largest first to the lightest task: a Python
+    # task costs tens of milliseconds to launch, a file per task would cost more
+    # to schedule than to read, and two a core evens out what the sizes do not.
+    cores = max(1, spark.sparkContext.defaultParallelism)  # type: ignore[attr-defined]
+    groups: list[list[FileScanTask]] = [[] for _ in range(min(len(files), 2 * cores))]
+    loads = [0] * len(groups)
+    for file in sorted(files, key=lambda f: -f.file.file_size_in_bytes):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(file)
+        loads[lightest] += file.file.file_size_in_bytes
     return [
-        _Task(table.metadata, props, tuple(files[i : i + per_task]), shape, snapshot_id, wanted)
-        for i in range(0, len(files), per_task)
+        _Task(table.metadata, props, tuple(group), shape, snapshot_id, wanted) for group in groups
     ]
 
 
 def mirror_sums(spark: object, table: Table, snapshot_id: int, shape: Shape) -> Buckets:
     """Rows and hash sums per bucket of ``table`` at ``snapshot_id``."""
-    tasks = _plan(table, snapshot_id, shape, None)
+    tasks = _plan(spark, table, snapshot_id, shape, None)
     out: Buckets = {}
     for part, _ in _collect(spark, tasks):
         for b, (n, h) in part.items():
@@ -141,7 +155,7 @@ def mirror_rows(
     spark: object, table: Table, snapshot_id: int, shape: Shape, wanted: frozenset[int]
 ) -> list[RowTexts]:
     """The rows of ``table`` at ``snapshot_id`` that fall in ``wanted`` buckets."""
-    tasks = _plan(table, snapshot_id, shape, wanted)
+    tasks = _plan(spark, table, snapshot_id, shape, wanted)
     return [r for _, rows in _collect(spark, tasks) for r in rows]
 
 

@@ -26,9 +26,8 @@ from sparkapply.source.publisher import temporary_snapshot
 from sparkapply.verify.canonical import (
     HASH_MOD,
     sql_bucket,
-    sql_digest,
-    sql_digest_bucket,
-    sql_digest_hash,
+    sql_hash,
+    sql_hash_bucket,
     sql_row_text,
     sql_text,
 )
@@ -83,14 +82,17 @@ def _where(table: SourceTable) -> sql.Composable:
 def publisher_sums(conn: psycopg.Connection[Any], table: SourceTable, shape: Shape) -> Buckets:
     """Rows and hash sums per bucket, computed by the server."""
     _, row, _ = _texts(shape)
-    digest = sql.Identifier("m")
+    hash_ = sql.Identifier("h")
+    # OFFSET 0 keeps the subquery whole: flattened, the hash's expression would be
+    # computed twice a row (once for the bucket, once for the sum), and the planner,
+    # blind to how few buckets there are, sorts the table to group it.
     query = sql.SQL(
-        "SELECT {bucket}, count(*), sum({hash}::numeric) FROM (SELECT {digest} AS m "
-        "FROM {source}{where}) s GROUP BY 1"
+        "SELECT {bucket}, count(*), sum({h}) FROM (SELECT {hash} AS h "
+        "FROM {source}{where} OFFSET 0) s GROUP BY 1"
     ).format(
-        bucket=sql_digest_bucket(digest, shape.buckets),
-        hash=sql_digest_hash(digest),
-        digest=sql_digest(row),
+        bucket=sql_hash_bucket(hash_, shape.buckets),
+        h=hash_,
+        hash=sql_hash(row),
         source=_source(table),
         where=_where(table),
     )
