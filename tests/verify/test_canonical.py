@@ -183,3 +183,15 @@ def test_both_sides_give_the_same_text(
     doubled = pa.concat_arrays([array, array])
     assert arrow_text(doubled.slice(len(values)), target) == got
     assert arrow_text(pa.chunked_array([array[:1], array[1:]], array.type), target) == got
+
+
+def test_arrow_hashes_match_hashlib_over_many_rows_and_none() -> None:
+    # More rows than DuckDB puts in one vector or one Arrow batch, of every length
+    # around MD5's block boundaries, and none at all.
+    texts = ["é" * (n % 70) + str(n) for n in range(200_000)]
+    hashes, prefixes = arrow_hashes([pa.array(texts)])
+    picked = range(0, len(texts), 997)
+    assert [int(hashes[i]) for i in picked] == [text_hash(texts[i]) for i in picked]
+    assert [int(prefixes[i]) % 64 for i in picked] == [text_bucket(texts[i], 64) for i in picked]
+    empty_hashes, empty_prefixes = arrow_hashes([pa.array([], pa.string())])
+    assert len(empty_hashes) == len(empty_prefixes) == 0
