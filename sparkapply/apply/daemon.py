@@ -6,9 +6,18 @@ idle for a minute. A fresh worker imports what its first task needs (the folds,
 locate, pyarrow's compute and Parquet, networkx: 0.3-0.5 s, measured as the gap
 between a batch's Spark job in the product and in-process). Imported here once, every
 forked worker inherits them, so no batch pays them, whatever the pause before it.
+
+Then they are frozen out of the garbage collector's sight (``gc.freeze``). PySpark's
+daemon runs a full ``gc.collect()`` in the worker after every task, and a full
+collection walks every tracked object: with the apply's modules imported that cost
+about 20 ms a task (18 empty tasks on ``local[2]``: 0.95 s, 0.53 s frozen, 0.55 s with
+nothing imported). Frozen objects are also left alone by the collector in the forked
+workers, so their pages stay shared with the daemon.
 """
 
 from __future__ import annotations
+
+import gc
 
 import networkx  # noqa: F401
 import pyarrow.compute
@@ -16,6 +25,9 @@ import pyarrow.parquet  # noqa: F401
 from pyspark import daemon
 
 import sparkapply.apply.tasks  # noqa: F401
+
+gc.collect()
+gc.freeze()
 
 if __name__ == "__main__":
     daemon.manager()
