@@ -87,6 +87,13 @@ def sums(arrow: pa.Table, shape: Shape) -> Buckets:
     return {b: (int(counts[b]), int(totals[b]) % HASH_MOD) for b in np.flatnonzero(counts).tolist()}
 
 
+def add_buckets(into: Buckets, part: Buckets) -> None:
+    """Add ``part``'s rows and sums to ``into``'s, bucket by bucket."""
+    for b, (n, h) in part.items():
+        n0, h0 = into.get(b, (0, 0))
+        into[b] = (n0 + n, (h0 + h) % HASH_MOD)
+
+
 def rows_in(arrow: pa.Table, shape: Shape, wanted: frozenset[int]) -> list[RowTexts]:
     """The rows of ``arrow`` that fall in ``wanted`` buckets, with their texts."""
     texts = _texts(arrow, shape)
@@ -114,9 +121,7 @@ def _run(task: _Task) -> tuple[Buckets, list[RowTexts]]:
         if task.wanted is not None:
             rows.extend(rows_in(arrow, task.shape, task.wanted))
             continue
-        for b, (n, h) in sums(arrow, task.shape).items():
-            n0, h0 = out.get(b, (0, 0))
-            out[b] = (n0 + n, (h0 + h) % HASH_MOD)
+        add_buckets(out, sums(arrow, task.shape))
     return out, rows
 
 
@@ -145,9 +150,7 @@ def mirror_sums(spark: object, table: Table, snapshot_id: int, shape: Shape) -> 
     tasks = _plan(spark, table, snapshot_id, shape, None)
     out: Buckets = {}
     for part, _ in _collect(spark, tasks):
-        for b, (n, h) in part.items():
-            n0, h0 = out.get(b, (0, 0))
-            out[b] = (n0 + n, (h0 + h) % HASH_MOD)
+        add_buckets(out, part)
     return out
 
 
