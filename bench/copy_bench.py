@@ -35,14 +35,12 @@ too. See bench/README.md.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import sys
 from typing import Any
 
 import psycopg
 from benchlib.consumers import Consumer, NativeCopy, Results
-from benchlib.report import Output, add_output_options, log, machine, print_table
+from benchlib.report import Output, add_output_options, log, log_progress, machine, print_table
 from benchlib.servers import scratch, server
 from benchlib.sparkapply_runs import SPARK_MASTER, Sparkapply, start_spark
 from benchlib.workloads import BENCH_DDL, load_bench_table
@@ -63,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeat = max(1, args.repeat)
     output = Output.from_args(args.out, "copy.json", args.allow_dirty, by_default=False)
-    logging.basicConfig(level=logging.INFO, format="# %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("py4j", "pyiceberg", "urllib3", "sparkapply.sink"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log_progress("py4j", "pyiceberg", "urllib3", "sparkapply.sink")
 
     with (
         scratch("sparkapply-copy-bench-") as root,

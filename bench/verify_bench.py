@@ -30,10 +30,8 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import logging
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +40,7 @@ from typing import Any
 import duckdb
 import psycopg
 from benchlib.live import SlotWatch, SparkapplyProcess, cleanup, sparkapply_command
-from benchlib.report import Output, add_output_options, log, machine, print_table
+from benchlib.report import Output, add_output_options, log, log_progress, machine, print_table
 from benchlib.servers import scratch, server
 from benchlib.sparkapply_runs import SPARK_MASTER, start_spark
 from benchlib.workloads import BENCH, COPY_INSERT, load_bench_table
@@ -104,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeat = max(1, args.repeat)
     output = Output.from_args(args.out, "verify.json", args.allow_dirty, by_default=False)
-    logging.basicConfig(level=logging.INFO, format="# %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("py4j", "pyiceberg", "urllib3", "sparkapply"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log_progress("py4j", "pyiceberg", "urllib3", "sparkapply")
 
     with scratch("sparkapply-verify-bench-") as root, server(root / "publisher", SETTINGS) as pub:
         load_bench_table(pub, args.rows)

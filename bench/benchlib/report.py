@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import re
@@ -29,6 +30,14 @@ WATCHED = ("sparkapply", "bench")  # what the figures depend on
 def log(text: str) -> None:
     """Progress, on stderr: the result table alone goes to stdout."""
     print(f"# {text}", file=sys.stderr, flush=True)
+
+
+def log_progress(*quiet: str) -> None:
+    """Log INFO to stderr as ``# name: message`` lines (kept apart from the results on
+    stdout), with the ``quiet`` loggers at WARNING."""
+    logging.basicConfig(level=logging.INFO, format="# %(name)s: %(message)s", stream=sys.stderr)
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def print_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[object]]) -> None:
