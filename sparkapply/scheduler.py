@@ -11,7 +11,10 @@ CONTRACT
         a batch to apply now. At most one batch runs: None while one does, and after
         :meth:`stop`. A batch closes when the stream paused (the last burst was
         empty), when it is full (``batch_max_bytes`` / ``batch_max_transactions``),
-        or when its oldest transaction has waited ``batch_linger``: while a backlog
+        when its oldest transaction has waited ``batch_linger``, or when its oldest
+        transaction was ready before the last batch completed: while a batch runs,
+        the next gathers (group commit), so under a steady load a batch is cut as
+        soon as the one before it is durable, not a linger later. While a backlog
         drains, applying one batch overlaps receiving the next.
     ``complete(batch)``
         only once every table of the batch is committed in Iceberg. Marks its
@@ -88,6 +91,7 @@ class BatchScheduler:
         self._prepared = prepared
         self._clock = clock
         self._ready_since: float | None = None
+        self._completed_at: float | None = None  # when the last batch completed
         self._running: Batch | None = None
         self._stopping = False
         self._paused = False
@@ -115,7 +119,11 @@ class BatchScheduler:
             return None
         lim = self._limits
         now = self._clock()
-        waited = self._ready_since is not None and now - self._ready_since >= lim.batch_linger
+        waited = self._ready_since is not None and (
+            now - self._ready_since >= lim.batch_linger
+            # Gathered while the last batch ran: it has waited for that batch already.
+            or (self._completed_at is not None and self._ready_since <= self._completed_at)
+        )
         full = (
             backlog.nbytes >= lim.batch_max_bytes
             or backlog.transactions >= lim.batch_max_transactions
@@ -164,6 +172,7 @@ class BatchScheduler:
         if batch is not self._running:
             raise RuntimeError("complete() of a batch that is not the running one")
         self._running = None
+        self._completed_at = self._clock()
         for txn, _ in batch.items:
             self._assembler.release(txn)
         self._progress.mark_done([item for _, item in batch.items])

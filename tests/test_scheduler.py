@@ -189,3 +189,33 @@ def test_skip_store_is_durable_and_replaced(tmp_path: Path) -> None:
     assert got is not None and str(got.lsn) == "1/B0"
     assert not store.clear(Lsn.parse("1/A0"))  # a newer request stays
     assert store.clear(Lsn.parse("1/B0")) and store.get() is None
+
+
+def test_what_gathered_while_a_batch_ran_is_cut_when_it_completes(tmp_path: Path) -> None:
+    """Group commit: under a steady stream (never a pause), the next batch does not wait
+    a linger after the running one is durable."""
+    f, sched, clock = make(tmp_path, linger=60.0)
+    txn(f, 1, 2000, 1, first=True)
+    sched.received(False)
+    first = sched.cut()
+    assert first is not None
+    clock.now += 0.1
+    txn(f, 2, 3000, 2)
+    sched.received(True)
+    assert sched.cut() is None  # one batch at a time
+    clock.now += 0.2
+    sched.complete(first)
+    sched.received(True)
+    nxt = sched.cut()
+    assert nxt is not None and [t.xid for t in nxt.txns] == [2]
+    sched.complete(nxt)
+    # Ready after the last completion, with nothing running: it waits for the linger
+    # (or a pause, or a full batch) to gather more.
+    clock.now += 0.1
+    txn(f, 3, 4000, 3)
+    sched.received(True)
+    assert sched.cut() is None
+    clock.now += 61.0
+    sched.received(True)
+    last = sched.cut()
+    assert last is not None and [t.xid for t in last.txns] == [3]

@@ -269,6 +269,12 @@ class Applier:
         """Every table this applier has written to or loaded (for maintenance)."""
         return sorted(self._known)
 
+    @property
+    def cuts_ident(self) -> TableIdent:
+        assert self.cuts is not None
+        namespace, name = self.cuts.identifier[-2:]
+        return (namespace, name)
+
     def forget(self, ident: TableIdent) -> None:
         """Drop what is cached of a table another writer (the copy) committed to."""
         self._tables.pop(ident, None)
@@ -295,6 +301,8 @@ class Applier:
             for txn in batch
             for rel in [*txn.relations.values(), *txn.relation_messages]
         }
+        if self.cuts is not None:  # the batch appends its cut; expiry beside may commit
+            idents.add(self.cuts_ident)
         with self.locks.hold(idents) as changed:
             for ident in changed:  # maintenance committed: plan against the new files
                 self.forget(ident)
@@ -466,9 +474,10 @@ class Applier:
                     commit_staged(cut[0])
             if self.cuts is not None and cut is not None:
                 self.cuts.committed(staged, cut[1])
-                # Inline: the apply is the cuts table's only writer, and holds no lock
-                # on it that maintenance could commit under.
-                self._expire(self.cuts.table, beside=False)
+                # Beside, as for the mirrored tables: an expiry deletes files and took
+                # half a second on the apply thread every ~50 batches. The apply holds
+                # the cuts table's lock from planning to commit (``_apply``).
+                self._expire(self.cuts.table)
         except SparkapplyError as exc:
             if not isinstance(exc, CommitOutcomeUnknownError):
                 for r in results:
@@ -495,12 +504,13 @@ class Applier:
                 lsn,
             )
             return
-        staged, cut = cuts.stage([], lsn=lsn, committed_at=None, requested=True)
-        if self.atomic:
-            commit_together(self.catalog, [staged])
-        else:
-            commit_staged(staged)
-        cuts.committed([], cut)
+        with self.locks.hold({self.cuts_ident}):
+            staged, cut = cuts.stage([], lsn=lsn, committed_at=None, requested=True)
+            if self.atomic:
+                commit_together(self.catalog, [staged])
+            else:
+                commit_staged(staged)
+            cuts.committed([], cut)
         log.info("recorded the cut at %s as asked (%d tables)", lsn, len(cut.tables))
 
     def _expire(self, table: Table, *, beside: bool = True) -> None:

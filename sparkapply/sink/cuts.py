@@ -172,6 +172,7 @@ class CutLog:
         self._source_name = source_names or (lambda ident: ".".join(ident))
         self._states: dict[str, _TableState] = {}  # by source table name
         self._stale: set[TableIdentifier] = set()
+        self._reload = False  # maintenance committed to the cuts table itself
         self._guard = threading.Lock()  # _cuts and _stale: read by maintenance's thread
         self.table = ensure_table(catalog, identifier, CUTS_SCHEMA)
         now = dt.datetime.now(dt.UTC)
@@ -192,9 +193,13 @@ class CutLog:
 
     def changed(self, ident: TableIdentifier) -> None:
         """Another writer (a copy, maintenance) committed to ``ident``: the next cut
-        reads its current snapshot again. Thread-safe."""
+        reads its current snapshot again; for the cuts table itself (maintenance's
+        expiry), the next cut is staged on its new metadata. Thread-safe."""
         with self._guard:
-            self._stale.add(ident)
+            if tuple(ident) == tuple(self.identifier):
+                self._reload = True
+            else:
+                self._stale.add(ident)
 
     def _load(self, name: str, ident: TableIdentifier) -> None:
         try:
@@ -209,6 +214,9 @@ class CutLog:
     def _refresh_stale(self) -> None:
         with self._guard:
             stale, self._stale = self._stale, set()
+            reload, self._reload = self._reload, False
+        if reload:
+            self.table = self.catalog.load_table(self.identifier)
         for ident in stale:
             self._load(self._source_name(ident), ident)
 

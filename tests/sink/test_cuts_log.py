@@ -67,3 +67,44 @@ def test_cuts_commit_with_their_batch_protect_their_snapshots_and_are_pruned(
     again = CutLog(catalog, CUTS, retain_seconds=3600)
     assert again.protected(ORDERS) == log.protected(ORDERS)
     assert again.latest() is not None and again.latest().lsn == Lsn(505)  # type: ignore[union-attr]
+
+
+def test_the_next_cut_commits_on_the_cuts_table_maintenance_expired(catalog: Catalog) -> None:
+    """Expiry of the cuts table runs beside the apply (its own thread, under the table's
+    lock): told of it, the log stages the next cut on the new metadata; not told, the
+    catalog transaction would be refused (the base moved)."""
+    import datetime as dt
+
+    import pytest
+
+    from sparkapply.errors import CommitConflictError
+    from sparkapply.sink.maintenance import expire_and_delete
+
+    ensure_table(catalog, ORDERS, orders_schema())
+    log = CutLog(catalog, CUTS, retain_seconds=3600)
+    log.track([ORDERS])
+
+    def batch(i: int) -> None:
+        table = catalog.load_table(ORDERS)
+        staged_orders = stage_files(
+            table,
+            added=[write_orders(table, [i])],
+            lsn=Lsn(100 * i),
+            base_snapshot_id=current_snapshot_id(table),
+        )
+        staged, cut = log.stage([staged_orders], lsn=Lsn(100 * i + 5), committed_at=None)
+        commit_together(catalog, [staged_orders, staged])
+        log.committed([staged_orders], cut)
+
+    for i in range(1, 5):
+        batch(i)
+    beside = catalog.load_table(CUTS)  # maintenance's own copy of the table
+    out = expire_and_delete(beside, older_than=dt.datetime.now(dt.UTC), retain_last=1)
+    assert out.snapshots_expired == 3 and out.files_deleted >= 3
+    with pytest.raises(CommitConflictError):
+        batch(5)  # staged on the metadata the log held before the expiry
+    log.changed(CUTS)
+    batch(6)
+    cuts = read_cuts(catalog.load_table(CUTS))
+    assert [int(c.lsn) for c in cuts] == [105, 205, 305, 405, 605]
+    assert len(catalog.load_table(CUTS).metadata.snapshots) == 2
