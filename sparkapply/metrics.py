@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from sparkapply.changes.prepared import pending_prepared
 from sparkapply.config import MetricsConfig
 from sparkapply.errors import ConfigError
 from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
-from sparkapply.workdir import last_verify, pending_prepared, spool_bytes
+from sparkapply.state.layout import spool_bytes
+from sparkapply.state.verdict import last_verify
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -15,12 +15,12 @@ import logging
 
 import psycopg
 
+from sparkapply.changes.prepared import pending_prepared
 from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
 from sparkapply.errors import ConfigError, SlotError
 from sparkapply.lsn import Lsn
 from sparkapply.source.connection import describe_dsn
-from sparkapply.workdir import pending_prepared
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from sparkapply.changes.cut_requests import CutRequests
+from sparkapply.changes.prepared import pending_prepared
 from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
 from sparkapply.copy.snapshot import published_tables
@@ -28,7 +29,7 @@ from sparkapply.read import latest_cut
 from sparkapply.sink.atomic import commit_mode
 from sparkapply.sink.stats import TableStats, table_stats
 from sparkapply.source.connection import describe_dsn
-from sparkapply.workdir import pending_prepared, spool_bytes
+from sparkapply.state.layout import spool_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,8 @@ import psycopg
 
 from sparkapply import collector
 from sparkapply.apply.batch import Applier, BatchStats
-from sparkapply.apply.stager import Stager, sweep_staged
+from sparkapply.apply.staged_files import sweep_staged
+from sparkapply.apply.stager import Stager
 from sparkapply.apply.tasks import internal_error
 from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.cut_requests import CutRequests
@@ -71,7 +72,7 @@ from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
 from sparkapply.source.publisher import PublishedTable, check_publisher, ensure_slot
 from sparkapply.source.stream import ReplicationStream
-from sparkapply.workdir import prepared_dir
+from sparkapply.state.layout import prepared_dir
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

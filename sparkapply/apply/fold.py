@@ -40,19 +40,14 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from sparkapply.apply.decode import stream_decoders
 from sparkapply.changes.spool import SpoolSegment, read_records
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.columnar import stream_decoders
 from sparkapply.pgoutput.peek import peek_change
-
-TAG_R, TAG_Y, TAG_T = m.TAG_RELATION, m.TAG_TYPE, m.TAG_TRUNCATE
-TAG_I, TAG_U, TAG_D = m.TAG_INSERT, m.TAG_UPDATE, m.TAG_DELETE
-
 
 # Unchanged TOAST is the codec's explicit value (pgoutput/messages.py).
 _Unchanged = m.Unchanged
-UNCHANGED = m.UNCHANGED
 Value = m.ColumnValue
 Key = tuple[bytes | None, ...]
 
@@ -309,13 +304,13 @@ def _fold_txn(
     for payload, in_stream in _records(txn):
         tag = payload[0]
         dec = streamed if in_stream else plain
-        if tag == TAG_R:
+        if tag == m.TAG_RELATION:
             rel = dec.decode(payload)
             assert isinstance(rel, m.Relation)
             rels[rel.relation_id] = rel
             layouts[rel.relation_id] = Layout.of(rel)
             continue
-        if tag == TAG_T:
+        if tag == m.TAG_TRUNCATE:
             msg = dec.decode(payload)
             assert isinstance(msg, m.Truncate)
             if relation_ids.intersection(msg.relation_ids):
@@ -327,8 +322,8 @@ def _fold_txn(
                 delta.pending.clear()
                 delta.removes.clear()
             continue
-        if tag not in (TAG_I, TAG_U, TAG_D):
-            if tag != TAG_Y:
+        if tag not in (m.TAG_INSERT, m.TAG_UPDATE, m.TAG_DELETE):
+            if tag != m.TAG_TYPE:
                 dec.decode(payload)  # validates; nothing else to apply
             continue
         _, _, relid = peek_change(payload, in_stream)

@@ -34,10 +34,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkapply.apply.columns import convert_columns, fit_table
-from sparkapply.apply.decode import KIND_UNCHANGED, OP_D, OP_I, OP_U
 from sparkapply.apply.fold import Layout, TxnInput
 from sparkapply.apply.keyfold import FoldInput, FoldPart, NeedsRowFold, collect
 from sparkapply.apply.keys import canonical_keys
+from sparkapply.pgoutput import messages as m
 
 
 @dataclass(slots=True)
@@ -148,7 +148,7 @@ def _filled_new(part: FoldPart) -> list[pa.Array]:
     run = part.run
     out = []
     for kind, new, old in zip(run.new.kinds, run.new.values, run.old.values, strict=True):
-        unchanged = kind == KIND_UNCHANGED
+        unchanged = kind == m.KIND_UNCHANGED
         if not unchanged.any():
             out.append(new)
             continue
@@ -162,9 +162,9 @@ def _net(st: FoldInput) -> FullEffect:
     effect = FullEffect(
         st.schema.empty_table(),
         truncated=st.truncated,
-        n_inserts=st.counts[OP_I],
-        n_updates=st.counts[OP_U],
-        n_deletes=st.counts[OP_D],
+        n_inserts=st.counts[m.TAG_INSERT],
+        n_updates=st.counts[m.TAG_UPDATE],
+        n_deletes=st.counts[m.TAG_DELETE],
     )
     if not st.parts:
         return effect
@@ -180,7 +180,7 @@ def _net(st: FoldInput) -> FullEffect:
     for p_i, part in enumerate(st.parts):
         run = part.run
         ops = run.ops
-        if bool(np.any((ops == OP_U) & ~run.has_old)):
+        if bool(np.any((ops == m.TAG_UPDATE) & ~run.has_old)):
             raise NeedsRowFold("an UPDATE without the old image")
         new_values = _filled_new(part)
         filled.append(new_values)
@@ -188,7 +188,7 @@ def _net(st: FoldInput) -> FullEffect:
         lid = layouts.setdefault(part.layout, len(layouts))
         # A remove (old image) comes before the put (new image) of the same UPDATE.
         removes = np.flatnonzero(run.has_old)
-        puts = np.flatnonzero(ops != OP_D)
+        puts = np.flatnonzero(ops != m.TAG_DELETE)
         for rows, values, sign in ((removes, run.old.values, -1), (puts, new_values, 1)):
             if len(rows) == 0:
                 continue

@@ -3,8 +3,8 @@
 When the driver has seen only INSERTs for a table in a batch (it peeks every change's
 tag), there is no net effect to compute: PostgreSQL's key uniqueness means no insert
 of the batch meets a row of the table, and the per-table applied LSN means no batch
-is applied twice. So the rows are decoded column-wise (``decode.py``) and appended,
-without a Python object per row or per value.
+is applied twice. So the rows are decoded column-wise (``pgoutput/columnar.py``) and
+appended, without a Python object per row or per value.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow as pa
 
 from sparkapply.apply.columns import convert_columns, fit_table
-from sparkapply.apply.decode import OP_I, ChunkIndex, decode_changes, stream_decoders
 from sparkapply.apply.effect import ROWS_PER_FILE, WriteResult
 from sparkapply.apply.fold import Layout, TxnInput, coalesced, uncoalesced
 from sparkapply.apply.writer import TableWriter
@@ -23,6 +22,7 @@ from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, NotInsertOnly, SparkapplyError
 from sparkapply.pgoutput import Decoder
 from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.columnar import ChunkIndex, decode_changes, stream_decoders
 
 
 class _Appender:
@@ -106,7 +106,7 @@ def _chunk(
             elif isinstance(msg, m.Truncate) and relation_ids.intersection(msg.relation_ids):
                 raise NotInsertOnly("a TRUNCATE reached the insert-only path")
             continue
-        if np.any(ix.tags[rows] != OP_I):
+        if np.any(ix.tags[rows] != m.TAG_INSERT):
             raise NotInsertOnly("an UPDATE or DELETE reached the insert-only path")
         # Appends commute, so rows of several relation ids (a table dropped and
         # created again) may be grouped by id.

@@ -51,21 +51,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkapply.apply.columns import convert_columns, fit_table
-from sparkapply.apply.decode import (
-    KIND_UNCHANGED,
-    OP_D,
-    OP_I,
-    OP_U,
-    ChangeRun,
-    ChunkIndex,
-    decode_changes,
-    stream_decoders,
-)
 from sparkapply.apply.fold import Layout, TxnInput, coalesced, uncoalesced
 from sparkapply.apply.keys import canonical_keys, comparable
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.columnar import ChangeRun, ChunkIndex, decode_changes, stream_decoders
 
 
 class NeedsRowFold(Exception):
@@ -112,7 +103,9 @@ class FoldInput:
     parts: list[FoldPart] = field(default_factory=list)
     seq: int = 0
     truncated: bool = False
-    counts: dict[int, int] = field(default_factory=lambda: {OP_I: 0, OP_U: 0, OP_D: 0})
+    counts: dict[int, int] = field(
+        default_factory=lambda: {m.TAG_INSERT: 0, m.TAG_UPDATE: 0, m.TAG_DELETE: 0}
+    )
 
 
 def collect(
@@ -223,9 +216,9 @@ def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
         st.schema.empty_table(),
         [],
         truncated=st.truncated,
-        n_inserts=st.counts[OP_I],
-        n_updates=st.counts[OP_U],
-        n_deletes=st.counts[OP_D],
+        n_inserts=st.counts[m.TAG_INSERT],
+        n_updates=st.counts[m.TAG_UPDATE],
+        n_deletes=st.counts[m.TAG_DELETE],
     )
     if not st.parts:
         return effect
@@ -241,10 +234,10 @@ def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
         seq = (part.base + np.arange(n, dtype=np.int64)) * 2
         new_keys = _typed_keys(part, st.schema, old=False)
         old_keys = _typed_keys(part, st.schema, old=True) if run.has_old.any() else None
-        put_rows = np.flatnonzero(ops != OP_D)
+        put_rows = np.flatnonzero(ops != m.TAG_DELETE)
         # A remove event for every DELETE and every UPDATE whose old key differs.
         if old_keys is not None:
-            moved = run.has_old & (ops == OP_U)
+            moved = run.has_old & (ops == m.TAG_UPDATE)
             if moved.any():
                 differs = np.zeros(n, bool)
                 for new_c, old_c in zip(new_keys, old_keys, strict=True):
@@ -255,7 +248,7 @@ def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
                     raise NeedsRowFold("a key-changing update sends unchanged TOAST values")
                 if moved.any():
                     moves.append((p_i, np.flatnonzero(moved)))
-            rm_rows = np.flatnonzero((ops == OP_D) | moved)
+            rm_rows = np.flatnonzero((ops == m.TAG_DELETE) | moved)
         else:
             rm_rows = np.zeros(0, np.int64)
         for rows, keys, put in ((rm_rows, old_keys, False), (put_rows, new_keys, True)):
@@ -266,7 +259,7 @@ def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
                 c.append(k.take(idx))
             numbers.append(seq[rows] + (1 if put else 0))
             puts.append(np.full(len(rows), put))
-            inserts.append(ops[rows] == OP_I if put else np.zeros(len(rows), bool))
+            inserts.append(ops[rows] == m.TAG_INSERT if put else np.zeros(len(rows), bool))
             part_ix.append(np.full(len(rows), p_i, np.int32))
             row_ix.append(rows)
     if not numbers:
@@ -351,7 +344,7 @@ def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
 def _unchanged_rows(run: ChangeRun) -> np.ndarray:
     out = np.zeros(len(run.ops), bool)
     for kind in run.new.kinds:
-        out |= kind == KIND_UNCHANGED
+        out |= kind == m.KIND_UNCHANGED
     return out
 
 
@@ -369,7 +362,7 @@ def _unchanged_sources(
     names: dict[str, None] = {}
     for part in st.parts:
         for i, kind in enumerate(part.run.new.kinds):
-            if bool(np.any(kind == KIND_UNCHANGED)):
+            if bool(np.any(kind == m.KIND_UNCHANGED)):
                 names[part.layout.names[i]] = None
     if not names:
         return {}
@@ -389,7 +382,7 @@ def _unchanged_sources(
                 values.append(part.run.new.values[ci])
             else:  # the column did not exist in this relation version: null
                 values.append(pa.nulls(n, pa.large_binary()))
-        unchanged = put_all & (kinds[glob] == KIND_UNCHANGED)
+        unchanged = put_all & (kinds[glob] == m.KIND_UNCHANGED)
         has_value = put_all & ~unchanged
         nearest = np.maximum.accumulate(np.where(has_value, events, -1))
         in_group = nearest >= group_start

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparkapply.state import layout
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -75,7 +77,7 @@ _LOGGING = SparkLogging()
 def configure_spark_logging(work_dir: Path | None, *, verbose: bool = False) -> None:
     """Send the Spark output of sessions started from now on to ``<work_dir>/logs``
     (``verbose``: to the console). Called by the command line before a session starts."""
-    _LOGGING.log_dir = None if work_dir is None else Path(work_dir).absolute() / "logs"
+    _LOGGING.log_dir = None if work_dir is None else layout.logs_dir(Path(work_dir).absolute())
     _LOGGING.verbose = verbose
 
 

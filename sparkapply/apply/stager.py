@@ -42,15 +42,18 @@ CRASH
     transaction's batch is committed or its files are deleted. At start, files of the
     journal that no snapshot of their table references are deleted: they belong to a
     transaction the server will send again.
+
+MODULES
+    This one schedules pieces (:class:`Stager`); ``staged.py`` holds what the apply is
+    handed (:class:`StagedWork`); ``staged_files.py`` the journal, the records and the
+    sweep at start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -59,117 +62,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkapply.apply.stage import (
-    StagedFiles,
-    StageResult,
-    StageTable,
-    StageTask,
-    run_stage_task,
+from sparkapply.apply.stage import StageResult, StageTable, StageTask, run_stage_task
+from sparkapply.apply.staged import Piece, StagedUse, StagedWork, outcome
+from sparkapply.apply.staged_files import (
+    RecordedPiece,
+    delete_files,
+    forget_journal,
+    read_record,
+    write_journal,
+    write_record,
 )
-from sparkapply.apply.writer import filesystem
 from sparkapply.changes.spool import SpoolSegment, remove_spool_file
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.pgoutput import messages as m
 from sparkapply.sink.arrow import arrow_schema_of
-from sparkapply.sink.maintenance import list_files, unreferenced
 from sparkapply.sink.tables import data_directory
-from sparkapply.workdir import prepared_dir
+from sparkapply.state.layout import prepared_dir, staged_record, staging_dir
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyspark.sql import SparkSession
 
+__all__ = ["Piece", "StagedUse", "StagedWork", "Stager"]  # StagedWork: where others import it
+
 log = logging.getLogger(__name__)
 
 TableIdent = tuple[str, str]
-
-
-@dataclass(slots=True)
-class Piece:
-    segment: SpoolSegment
-    future: Future[StageResult]
-    touched: frozenset[int]  # relation ids the transaction had changed by the piece's end
-    covered: frozenset[int]  # those of tables the piece stages
-
-
-@dataclass(frozen=True, slots=True)
-class StagedUse:
-    """What the apply takes from staging for one table of one transaction."""
-
-    files: tuple[str, ...]
-    rows: int
-    changes: int
-    remainder: tuple[SpoolSegment, ...]  # the spool still to read
-    relations: tuple[m.Relation, ...]  # the descriptions in effect where it starts
-
-
-@dataclass(slots=True)
-class StagedWork:
-    """The staging of one committed streamed transaction, handed to the apply."""
-
-    xid: int
-    path: str
-    end: int  # the transaction's spool end
-    pieces: list[Piece]
-    relations_at: Callable[[int], tuple[m.Relation, ...]]
-    record: Path | None = None  # a prepared transaction's staging record
-    _results: list[StageResult] | None = field(default=None, init=False)
-    _failed: bool = field(default=False, init=False)
-
-    @property
-    def staged_end(self) -> int:
-        return self.pieces[-1].segment.end if self.pieces else 0
-
-    def results(self) -> list[StageResult]:
-        """Every piece's result, failed or not (waits for them)."""
-        self._wait()
-        return self._results or []
-
-    def _wait(self) -> list[StageResult] | None:
-        if self._results is None and not self._failed:
-            results = [_outcome(p.future, self.xid) for p in self.pieces]
-            errors = [r.error for r in results if r.error is not None]
-            if errors:
-                log.warning(
-                    "staging of xid %s failed, applying it from the spool: %s", self.xid, errors[0]
-                )
-                self._failed = True
-            self._results = results
-        return None if self._failed else self._results
-
-    def use(self, table: str, relation_ids: frozenset[int], schema_id: int) -> StagedUse | None:
-        """The staged files of ``table`` if the apply may commit them as they are."""
-        for piece in self.pieces:
-            if not (relation_ids & piece.touched) <= piece.covered:
-                return None  # a piece did not stage the table (it did not exist yet)
-        results = self._wait()
-        if not results:
-            return None
-        files: list[str] = []
-        rows = changes = 0
-        for result in results:
-            for staged in result.tables:
-                if staged.table != table:
-                    continue
-                if staged.mutated or staged.schema_id != schema_id:
-                    return None
-                files += staged.files
-                rows += staged.rows
-                changes += staged.changes
-        start = self.staged_end
-        remainder = (SpoolSegment(self.path, start, self.end),) if self.end > start else ()
-        return StagedUse(tuple(files), rows, changes, remainder, self.relations_at(start))
-
-    def finish(self, used: set[str]) -> None:
-        """The transaction's batch is committed: delete the staged files it did not
-        use, and the journal."""
-        results = self.results()
-        _delete_files([f for r in results for t in r.tables for f in t.files if f not in used])
-        for result in results:
-            _forget_journal(result)
-        if self.record is not None:
-            self.record.unlink(missing_ok=True)
 
 
 @dataclass(slots=True)
@@ -201,7 +120,7 @@ class Stager:
         self.inflight_bytes = inflight_bytes
         self.proto_version = proto_version
         self.streaming = streaming
-        self.journal_dir = work_dir / "staging"
+        self.journal_dir = staging_dir(work_dir)
         self._open: dict[int, _Open] = {}
         self._lock = threading.Lock()
         self._inflight = 0
@@ -311,7 +230,7 @@ class Stager:
         with self._prepare_lock:
             pieces = self._preparing.pop(xid, None)
         if pieces is None:
-            pieces = _load_record(record)
+            pieces = _recorded(record)
         if not pieces:
             return None
         return StagedWork(xid, path, end, pieces, lambda _offset: relations, record=record)
@@ -322,15 +241,15 @@ class Stager:
         with self._prepare_lock:
             pieces = self._preparing.pop(xid, None)
         if pieces is None:
-            pieces = _load_record(record) or []
+            pieces = _recorded(record) or []
         self._discard(pieces)
         record.unlink(missing_ok=True)
 
     def _record(self, xid: int) -> Path:
-        return self.prepared_dir / f"{xid}.staged.json"
+        return staged_record(self.prepared_dir, xid)
 
     def _persist_prepared(self, xid: int, pieces: list[Piece], path: str) -> None:
-        results = [_outcome(p.future, xid) for p in pieces]
+        results = [outcome(p.future, xid) for p in pieces]
         remove_spool_file(path)  # the prepared store holds the spool under its own name
         with self._prepare_lock:
             if self._preparing.get(xid) is not pieces:
@@ -339,22 +258,13 @@ class Stager:
                 self._preparing.pop(xid)
                 self._discard(pieces)
                 return
-            doc = {
-                "xid": xid,
-                "pieces": [
-                    {
-                        "start": p.segment.start,
-                        "end": p.segment.end,
-                        "touched": sorted(p.touched),
-                        "covered": sorted(p.covered),
-                        "tables": [dataclasses.asdict(t) for t in r.tables],
-                    }
-                    for p, r in zip(pieces, results, strict=True)
-                ],
-            }
-            _write_json(self._record(xid), doc)
+            recorded = [
+                RecordedPiece(p.segment.start, p.segment.end, p.touched, p.covered, tuple(r.tables))
+                for p, r in zip(pieces, results, strict=True)
+            ]
+            write_record(self._record(xid), xid, recorded)
         for result in results:
-            _forget_journal(result)  # the record keeps the files from the sweep now
+            forget_journal(result)  # the record keeps the files from the sweep now
 
     def close(self) -> None:
         """At a session's end. Pieces in flight finish (at most the in-flight budget),
@@ -411,8 +321,8 @@ class Stager:
     def _run(self, task: StageTask) -> StageResult:
         journal = None
         try:
-            if task.tables:
-                journal = self._journal(task)
+            if task.tables:  # before it writes: a restart finds its files, wherever it stopped
+                journal = write_journal(self.journal_dir, task)
             result = self._job(task)
             result.journal = journal
             failpoint("piece-staged")
@@ -430,15 +340,6 @@ class Stager:
         results: list[StageResult] = sc.parallelize([task], 1).map(run_stage_task).collect()
         return results[0]
 
-    def _journal(self, task: StageTask) -> str:
-        """Before the piece writes: where its files will be, so that a restart finds
-        them whatever point a crash stopped it at."""
-        self.journal_dir.mkdir(parents=True, exist_ok=True)
-        path = self.journal_dir / f"{task.tables[0].prefix}{task.xid}.json"
-        entries = [{"table": t.name, "dir": t.data_dir, "prefix": t.prefix} for t in task.tables]
-        _write_json(path, {"xid": task.xid, "tables": entries})
-        return str(path)
-
     def _discard(self, pieces: Sequence[Piece]) -> None:
         for piece in pieces:
             piece.future.add_done_callback(self._forget)
@@ -447,108 +348,19 @@ class Stager:
     def _forget(fut: Future[StageResult]) -> None:
         with contextlib.suppress(Exception):
             result = fut.result()
-            _delete_files([f for t in result.tables for f in t.files])
+            delete_files([f for t in result.tables for f in t.files])
             if result.error is None:  # else the files are unknown: the next start sweeps
-                _forget_journal(result)
+                forget_journal(result)
 
 
-def _write_json(path: Path, doc: object) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
-def _load_record(record: Path) -> list[Piece] | None:
+def _recorded(record: Path) -> list[Piece] | None:
     """The pieces a prepared transaction's staging record describes, already done."""
-    try:
-        doc = json.loads(record.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring the unreadable staging record %s: %s", record, exc)
+    recorded = read_record(record)
+    if recorded is None:
         return None
     pieces = []
-    for raw in doc["pieces"]:
+    for r in recorded:
         fut: Future[StageResult] = Future()
-        fut.set_result(StageResult(tables=[StagedFiles(**t) for t in raw["tables"]]))
-        segment = SpoolSegment("", raw["start"], raw["end"])
-        pieces.append(Piece(segment, fut, frozenset(raw["touched"]), frozenset(raw["covered"])))
+        fut.set_result(StageResult(tables=list(r.tables)))
+        pieces.append(Piece(SpoolSegment("", r.start, r.end), fut, r.touched, r.covered))
     return pieces
-
-
-def _outcome(future: Future[StageResult], xid: int) -> StageResult:
-    try:
-        return future.result()
-    except Exception as exc:  # cancelled at a session's end: the batch is not applied
-        return StageResult(error=SparkapplyError(f"staging did not finish: {exc!r}", xid=xid))
-
-
-def _forget_journal(result: StageResult) -> None:
-    if result.journal is not None:
-        Path(result.journal).unlink(missing_ok=True)
-        result.journal = None
-
-
-def sweep_staged(work_dir: Path, catalog: Catalog) -> int:
-    """At start: delete the files of journalled pieces that no snapshot of their table
-    references, and the journal. Returns how many files were deleted."""
-    root = work_dir / "staging"
-    if not root.is_dir():
-        return 0
-    kept = {  # staged for prepared transactions, waiting for COMMIT PREPARED
-        f
-        for record in prepared_dir(work_dir).glob("*.staged.json")
-        for piece in (_load_record(record) or [])
-        for t in piece.future.result().tables
-        for f in t.files
-    }
-    by_table: dict[str, list[str]] = {}
-    entries = sorted(root.iterdir())
-    for entry in entries:
-        if entry.suffix != ".json":
-            continue  # a journal entry half written: its piece had not started
-        try:
-            doc = json.loads(entry.read_text())
-            for t in doc["tables"]:
-                by_table.setdefault(t["table"], []).extend(_named(t["dir"], t["prefix"]))
-        except (OSError, ValueError, KeyError, SparkapplyError) as exc:
-            log.warning("cannot read the staging journal %s: %s", entry, exc)
-    deleted = 0
-    for name, files in by_table.items():
-        namespace, _, table_name = name.rpartition(".")
-        try:
-            table = catalog.load_table((namespace, table_name))
-            doomed = unreferenced(table, [f for f in files if f not in kept])
-        except Exception as exc:  # the orphan sweep removes them later
-            log.warning("cannot check the staged files of %s: %s", name, exc)
-            continue
-        _delete_files(doomed)
-        deleted += len(doomed)
-    for entry in entries:
-        entry.unlink(missing_ok=True)
-    if deleted:
-        log.info("removed %d staged files of transactions that never committed", deleted)
-    return deleted
-
-
-def _named(data_dir: str, prefix: str) -> list[str]:
-    """The files directly under ``data_dir`` whose names start with ``prefix``."""
-    return [
-        uri
-        for uri, _size, _mtime in list_files(data_dir)
-        if uri.rsplit("/", 1)[-1].startswith(prefix)
-    ]
-
-
-def _delete_files(uris: Sequence[str]) -> None:
-    for uri in uris:
-        fs, path = filesystem(uri)
-        try:
-            fs.delete_file(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # an orphan wastes space; the orphan sweep removes it
-            log.warning("cannot delete the staged file %s: %s", uri, exc)

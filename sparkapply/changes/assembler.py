@@ -1,36 +1,8 @@
 """Transaction assembly: pgoutput messages in, committed transactions out, in commit order.
 
-STREAMED TRANSACTIONS
-    With ``streaming`` on, a large transaction arrives in chunks (Stream Start xid …
-    Stream Stop), interleaved with other streamed chunks and with whole ordinary
-    transactions, and is resolved later by Stream Commit, Stream Abort or Stream
-    Prepare. Each top-level xid gets its own spool file. As in PostgreSQL's
-    ``worker.c`` (``subxact_info_add``), we remember the offset of the first change of
-    every subtransaction; a Stream Abort of a subtransaction truncates the file back to
-    that offset and forgets that subtransaction and every later one. This is exact
-    because a subtransaction can only be aborted while open, so everything after its
-    first change belongs to it or to subtransactions nested in it. Abort of the top
-    xid deletes the file. Aborts that arrive child first, or for subtransactions that
-    changed nothing, need no special case: an unknown subxid is a no-op.
-
-    RELATION and TYPE messages cut off by a subtransaction abort are written back after
-    the truncation point: pgoutput will not send them again in this transaction, and a
-    stale description is corrected by the one pgoutput resends after the invalidation
-    that a rolled-back DDL causes. TRUNCATE and row changes are discarded.
-
-    pgoutput may also send the same RELATION again in every chunk (after a TRUNCATE in
-    the transaction); what is done per chunk and per abort costs in the transaction's
-    distinct descriptions, never in its messages so far (``catalog_history.py``).
-
 ORDINARY TRANSACTIONS
     arrive whole and contiguous; they are appended to a shared spool file and
     referenced by byte range, so small transactions cost no file each.
-
-TWO-PHASE
-    Begin Prepare … Prepare (or Stream Prepare) stages the transaction in the durable
-    :class:`PreparedStore`, keyed by xid, and its end LSN becomes acknowledgeable.
-    Commit Prepared turns the staged entry into a committed transaction at the commit
-    position; Rollback Prepared deletes it (unknown xid: no-op).
 
 RELATION CACHE
     pgoutput sends a RELATION once per connection before the first change that needs
@@ -41,99 +13,45 @@ RELATION CACHE
     its first change to it; with its own RELATION messages (replayed in place by the
     executor) that describes every change it holds.
 
+THE RECEIVE LOOP
+    :meth:`Assembler.feed_frames` bounds how fast a large transaction is received, so
+    it reads BEGIN, COMMIT and change headers inline (layouts in ``pgoutput/peek.py``)
+    and spools a run of changes as one write, with no call per message; everything
+    else goes through :meth:`Assembler.feed`, which decodes and also raises the errors.
+
 Change messages (I/U/D) are only peeked here (xid and relation id); their tuples are
-decoded on executors.
+decoded on executors. Streamed transactions are kept in ``streamed.py``, two-phase ones
+in ``twophase.py``; the stager is seen through ``staged.py``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
-from sparkapply.changes.catalog_history import CatalogHistory, without_xid
-from sparkapply.changes.prepared import PreparedEntry, PreparedStore
+from sparkapply.changes.catalog_history import without_xid
+from sparkapply.changes.open_txn import OpenTxn
+from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
-from sparkapply.changes.spool import RECORD_OVERHEAD, SpoolDirectory, SpoolWriter
+from sparkapply.changes.spool import RECORD_OVERHEAD, SpoolDirectory
+from sparkapply.changes.staged import StreamStager
+from sparkapply.changes.streamed import StreamedTxns, offer_piece
 from sparkapply.changes.transaction import CommittedTxn, TxnKind
+from sparkapply.changes.twophase import committed_prepared, prepared_entry, stage_prepared
 from sparkapply.errors import ProtocolError, SparkapplyError, StateError
 from sparkapply.failpoints import armed, failpoint
 from sparkapply.lsn import Lsn
-from sparkapply.pgoutput import Decoder, encode, peek
+from sparkapply.pgoutput import Decoder, peek
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.frames import XLOG_WAL_START
+from sparkapply.pgoutput.messages import TAG_BEGIN, TAG_COMMIT, TAG_INSERT
 from sparkapply.pgoutput.peek import CHANGE_TAGS, peek_change
-
-if TYPE_CHECKING:
-    from sparkapply.apply.stager import StagedWork
+from sparkapply.state import layout
 
 log = logging.getLogger(__name__)
-
-TAG_INSERT, TAG_BEGIN, TAG_COMMIT = m.TAG_INSERT, m.TAG_BEGIN, m.TAG_COMMIT
-
-
-@dataclass(slots=True)
-class _OpenTxn:
-    """State of one transaction being received."""
-
-    xid: int
-    writer: SpoolWriter
-    start: int
-    relation_ids: set[int] = field(default_factory=set)
-    relation_messages: list[m.Relation] = field(default_factory=list)
-    # subxid -> offset of its first change, in the order they started: an abort pops
-    # its subtransaction and every later one from the end.
-    subxacts: dict[int, int] = field(default_factory=dict)
-    # Cache entries in effect when the transaction first touched each relation.
-    start_relations: dict[int, m.Relation] = field(default_factory=dict)
-    history: CatalogHistory = field(init=False)
-    streamed: bool = False
-    n_changes: int = 0
-    has_truncate: bool = False
-    mutated: set[int] = field(default_factory=set)  # relids with UPDATE/DELETE/TRUNCATE
-    stage_mark: int = 0  # spool offset when the stager was last offered a piece
-    prepare: m.BeginPrepare | None = None  # set for Begin Prepare … Prepare
-
-    def __post_init__(self) -> None:
-        self.history = CatalogHistory(self.start_relations)
-
-
-class StreamStager(Protocol):
-    """Where streamed chunks go as they close (``apply/stager.py``); the assembler
-    tells it what the spool of each streamed transaction becomes."""
-
-    stage_bytes: int  # also offered a piece within a chunk, every this many bytes
-
-    def chunk_closed(
-        self,
-        xid: int,
-        path: str,
-        end: int,
-        relation_ids: Sequence[int],
-        relations_at: Callable[[int], tuple[m.Relation, ...]],
-        mutated: Sequence[int] = (),
-    ) -> None: ...
-
-    def truncated(self, xid: int, offset: int) -> None: ...
-
-    def dropped(self, xid: int, *, for_good: bool = False) -> None: ...
-
-    def committed(
-        self, xid: int, path: str, end: int, relations_at: Callable[[int], tuple[m.Relation, ...]]
-    ) -> StagedWork | None: ...
-
-    def holds(self, xid: int) -> bool: ...
-
-    def prepared(self, xid: int, path: str) -> bool: ...
-
-    def commit_prepared(
-        self, xid: int, path: str, end: int, relations: tuple[m.Relation, ...]
-    ) -> StagedWork | None: ...
-
-    def rolled_back(self, xid: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +74,7 @@ class Assembler:
         progress: Progress,
         stager: StreamStager | None = None,
     ) -> None:
-        self.spool = SpoolDirectory(work_dir / "spool")
+        self.spool = SpoolDirectory(layout.spool_dir(work_dir))
         self.stager = stager
         self.proto_version = proto_version
         self.streaming = streaming
@@ -167,9 +85,9 @@ class Assembler:
         self.types: dict[int, m.Type] = {}
         self.ready: deque[tuple[CommittedTxn, list[int]]] = deque()
         self.ready_bytes = 0
-        self._current: _OpenTxn | None = None
-        self._streams: dict[int, _OpenTxn] = {}
-        self._stream_xid: int | None = None
+        self._current: OpenTxn | None = None
+        self.streams = StreamedTxns(self.spool)
+        self._stream_xid: int | None = None  # the open chunk's xid (Stream Start)
         self.last_lsn = 0  # start of the last XLogData fed (for error context)
 
     # -- state for the subscriber -----------------------------------------------------
@@ -186,7 +104,7 @@ class Assembler:
 
     @property
     def open_streams(self) -> int:
-        return len(self._streams)
+        return len(self.streams)
 
     def first_ready(self) -> CommittedTxn | None:
         return self.ready[0][0] if self.ready else None
@@ -277,7 +195,7 @@ class Assembler:
         """Spool the run of change messages starting at ``frames[i]``; returns the
         index of the first frame it did not take."""
         if self._stream_xid is not None:
-            txn = self._streams[self._stream_xid]
+            txn = self.streams.open[self._stream_xid]
             in_stream = True
             need = header + peek.STREAM_CHANGE_HEAD
         elif self._current is not None:
@@ -295,6 +213,7 @@ class Assembler:
         payloads: list[memoryview] = []
         pair = peek.U32_PAIR.unpack_from
         single = peek.U32.unpack_from
+        insert = TAG_INSERT  # a local, for speed: compared per message
         while i < n:
             frame = frames[i]
             size = len(frame)
@@ -310,8 +229,8 @@ class Assembler:
             else:
                 relid = single(frame, header + 1)[0]
             if relid not in relation_ids:
-                self._touch(txn, relid)
-            if tag != TAG_INSERT:
+                txn.touch(relid, self.relations)
+            if tag != insert:
                 mutated.add(relid)
             payloads.append(frame[header:])
             pos += RECORD_OVERHEAD + size - header
@@ -326,7 +245,7 @@ class Assembler:
                 and stager.stage_bytes > 0
                 and txn.writer.offset - txn.stage_mark >= stager.stage_bytes
             ):
-                self._offer_piece(txn)  # a long chunk is staged before its STREAM STOP
+                offer_piece(txn, stager)  # a long chunk is staged before its STREAM STOP
         return i
 
     def _feed(self, payload: memoryview | bytes) -> None:
@@ -342,10 +261,10 @@ class Assembler:
         elif isinstance(msg, m.Truncate):
             txn = self._txn_for(msg.xid, "TRUNCATE")
             if msg.xid is not None:
-                self._note_subxact(txn, msg.xid)
+                txn.note_subxact(msg.xid)
             txn.writer.append(payload, msg.xid is not None)
             for relid in msg.relation_ids:
-                self._touch(txn, relid)
+                txn.touch(relid, self.relations)
             txn.mutated.update(msg.relation_ids)
             txn.has_truncate = True
             txn.n_changes += 1
@@ -355,28 +274,34 @@ class Assembler:
             txn = self._end_current("COMMIT")
             self._commit(txn, msg.commit_lsn, msg.end_lsn, msg.commit_time, "commit")
         elif isinstance(msg, m.StreamStart):
-            self._stream_start(msg)
+            if self._current is not None:
+                raise ProtocolError("STREAM START inside an ordinary transaction", tag="S")
+            self.streams.start(msg, self.stager)
+            self._stream_xid = msg.xid
         elif isinstance(msg, m.StreamStop):
             xid, self._stream_xid = self._stream_xid, None
-            for s in self._streams.values():
-                s.writer.flush()
-            if self.stager is not None and xid is not None:
-                self._offer_piece(self._streams[xid])
+            self.streams.stop(xid, self.stager)
         elif isinstance(msg, m.StreamCommit):
-            txn = self._pop_stream(msg.xid, "STREAM COMMIT")
+            txn = self.streams.pop(msg.xid)
             self._commit(txn, msg.commit_lsn, msg.end_lsn, msg.commit_time, "stream")
         elif isinstance(msg, m.StreamAbort):
-            self._stream_abort(msg)
+            self.streams.abort(msg, self.stager)
         elif isinstance(msg, m.BeginPrepare):
             self._begin(msg.xid, prepare=msg)
         elif isinstance(msg, m.Prepare):
-            txn = self._end_current("PREPARE")
-            self._stage(txn, msg.xid, msg.gid, msg.prepare_lsn, msg.end_lsn, msg.prepare_time)
+            self._stage(self._end_current("PREPARE"), msg)
         elif isinstance(msg, m.StreamPrepare):
-            txn = self._pop_stream(msg.xid, "STREAM PREPARE")
-            self._stage(txn, msg.xid, msg.gid, msg.prepare_lsn, msg.end_lsn, msg.prepare_time)
+            self._stage(self.streams.pop(msg.xid), msg)
         elif isinstance(msg, m.CommitPrepared):
-            self._commit_prepared(msg)
+            entry = prepared_entry(self.prepared, msg)
+            committed = committed_prepared(
+                entry,
+                msg,
+                stager=self.stager,
+                proto_version=self.proto_version,
+                streaming=self.streaming,
+            )
+            self._emit(committed, apply_own=entry.streamed)
         elif isinstance(msg, m.RollbackPrepared):
             self.prepared.remove(msg.xid)
             if self.stager is not None:
@@ -389,42 +314,29 @@ class Assembler:
 
     # -- pieces -----------------------------------------------------------------------
 
-    def _txn_for(self, xid: int | None, what: str) -> _OpenTxn:
+    def _txn_for(self, xid: int | None, what: str) -> OpenTxn:
         if xid is not None:
             if self._stream_xid is None:
                 raise ProtocolError(f"{what} with an xid outside a stream block")
-            return self._streams[self._stream_xid]
+            return self.streams.open[self._stream_xid]
         if self._current is None:
             raise ProtocolError(f"{what} outside a transaction", tag=what[0])
         return self._current
-
-    @staticmethod
-    def _note_subxact(txn: _OpenTxn, xid: int) -> None:
-        # Called before appending a change of ``xid``: remember where it starts.
-        if xid != txn.xid and xid not in txn.subxacts:
-            txn.subxacts[xid] = txn.writer.offset
-
-    def _touch(self, txn: _OpenTxn, relid: int) -> None:
-        if relid not in txn.start_relations:
-            rel = self.relations.get(relid)
-            if rel is not None:
-                txn.start_relations[relid] = rel
-        txn.relation_ids.add(relid)
 
     def _change(self, payload: memoryview | bytes) -> None:
         in_stream = self._stream_xid is not None
         tag, xid, relid = peek_change(payload, in_stream)
         if in_stream:
             assert xid is not None and self._stream_xid is not None
-            txn = self._streams[self._stream_xid]
-            self._note_subxact(txn, xid)
+            txn = self.streams.open[self._stream_xid]
+            txn.note_subxact(xid)
         else:
             if self._current is None:
                 raise ProtocolError("change message outside a transaction", tag=chr(tag))
             txn = self._current
         txn.writer.append(payload, in_stream)
         if relid not in txn.relation_ids:
-            self._touch(txn, relid)
+            txn.touch(relid, self.relations)
         if tag != TAG_INSERT:
             txn.mutated.add(relid)
         txn.n_changes += 1
@@ -460,59 +372,16 @@ class Assembler:
                 f"BEGIN of xid {xid} while xid {self._current.xid} is still open", tag="B"
             )
         shared = self.spool.shared()
-        self._current = _OpenTxn(xid, shared, shared.offset, prepare=prepare)
+        self._current = OpenTxn(xid, shared, shared.offset, prepare=prepare)
 
-    def _end_current(self, what: str) -> _OpenTxn:
+    def _end_current(self, what: str) -> OpenTxn:
         if self._current is None:
             raise ProtocolError(f"{what} without a transaction")
         txn, self._current = self._current, None
         return txn
 
-    def _stream_start(self, msg: m.StreamStart) -> None:
-        if self._current is not None:
-            raise ProtocolError("STREAM START inside an ordinary transaction", tag="S")
-        txn = self._streams.get(msg.xid)
-        if txn is None or msg.first_segment:
-            if txn is not None:
-                txn.writer.close()
-                if self.stager is not None:
-                    self.stager.dropped(msg.xid)
-            txn = _OpenTxn(msg.xid, self.spool.new_stream(msg.xid), 0, streamed=True)
-            self._streams[msg.xid] = txn
-        self._stream_xid = msg.xid
-
-    def _pop_stream(self, xid: int, what: str) -> _OpenTxn:
-        txn = self._streams.pop(xid, None)
-        if txn is None:
-            # Every chunk of it was for unpublished tables, or it was empty.
-            txn = _OpenTxn(xid, self.spool.new_stream(xid), 0, streamed=True)
-        txn.writer.flush()
-        return txn
-
-    def _stream_abort(self, msg: m.StreamAbort) -> None:
-        txn = self._streams.get(msg.xid)
-        if txn is None:
-            return
-        if msg.subxid == msg.xid:
-            del self._streams[msg.xid]
-            self.spool.discard(txn.writer)
-            if self.stager is not None:
-                self.stager.dropped(msg.xid)
-            return
-        offset = txn.subxacts.get(msg.subxid)
-        if offset is None:
-            return  # a subtransaction that changed nothing we were sent
-        while txn.subxacts.popitem()[0] != msg.subxid:
-            pass  # those that started after it are nested in it (see the module's doc)
-        txn.writer.truncate(offset)
-        if self.stager is not None:
-            self.stager.truncated(txn.xid, offset)
-        for record in txn.history.cut(offset):
-            start = txn.writer.append(record.payload, record.in_stream)
-            txn.history.add(start, record.payload, record.in_stream, record.message)
-
     def _commit(
-        self, txn: _OpenTxn, commit_lsn: int, end_lsn: int, commit_time: int, kind: TxnKind
+        self, txn: OpenTxn, commit_lsn: int, end_lsn: int, commit_time: int, kind: TxnKind
     ) -> None:
         segment = txn.writer.segment(txn.start)
         path = str(txn.writer.path)
@@ -559,104 +428,15 @@ class Assembler:
         self.ready.append((txn, item))
         self.ready_bytes += txn.nbytes
 
-    def _stage(
-        self, txn: _OpenTxn, xid: int, gid: str, prepare_lsn: int, end_lsn: int, ptime: int
-    ) -> None:
-        is_stream = self.spool.is_stream(txn.writer)
-        segment = txn.writer.segment(txn.start)
-        # Its pieces wait for COMMIT PREPARED; those still running read the spool by
-        # its name, which the stager removes once they are done: so the prepared store
-        # links it first, and only then does the stager learn of the PREPARE.
-        held = txn.streamed and self.stager is not None and self.stager.holds(xid)
-        path = str(txn.writer.path)
-        txn.writer.flush()
-        if is_stream:
-            txn.writer.close()
-        self.prepared.stage(
-            xid=xid,
-            gid=gid,
-            prepare_lsn=prepare_lsn,
-            end_lsn=end_lsn,
-            prepare_time=ptime,
-            n_changes=txn.n_changes,
-            has_truncate=txn.has_truncate,
-            relation_ids=frozenset(txn.relation_ids),
-            mutated_relation_ids=frozenset(txn.mutated),
-            start_relations=tuple(self._encode(r) for r in txn.start_relations.values()),
-            own_relations=tuple(self._encode(r) for r in txn.relation_messages),
-            streamed=txn.streamed,
-            source=segment,
-            move=is_stream,
-            keep_source=held,
+    def _stage(self, txn: OpenTxn, msg: m.Prepare | m.StreamPrepare) -> None:
+        stage_prepared(
+            self.prepared,
+            txn,
+            msg,
+            spool=self.spool,
+            stager=self.stager,
+            proto_version=self.proto_version,
+            streaming=self.streaming,
         )
-        if txn.streamed and self.stager is not None:
-            self.stager.prepared(xid, path)
         failpoint("after-stage")
-        self.progress.add(end_lsn, done=True)
-
-    def _offer_piece(self, txn: _OpenTxn) -> None:
-        """Let the stager stage what ``txn`` spooled since its last piece (flushed)."""
-        assert self.stager is not None
-        txn.writer.flush()
-        txn.stage_mark = txn.writer.offset
-        self.stager.chunk_closed(
-            txn.xid,
-            str(txn.writer.path),
-            txn.writer.offset,
-            sorted(txn.relation_ids),
-            txn.history.relations_at,
-            sorted(txn.mutated),
-        )
-
-    def _encode(self, rel: m.Relation) -> bytes:
-        return encode(rel, proto_version=self.proto_version, streaming=self.streaming)
-
-    def _commit_prepared(self, msg: m.CommitPrepared) -> None:
-        entry = self.prepared.get(msg.xid)
-        if entry is None:
-            raise StateError(
-                f"COMMIT PREPARED of xid {msg.xid} (gid {msg.gid!r}) but that transaction "
-                "was never staged",
-                xid=msg.xid,
-                lsn=msg.commit_lsn,
-                hint="the work_dir's prepared/ directory was lost or belongs to another "
-                "slot; drop the slot and resync",
-            )
-        self._emit_prepared(entry, msg)
-
-    def _emit_prepared(self, entry: PreparedEntry, msg: m.CommitPrepared) -> None:
-        decoder = Decoder(proto_version=self.proto_version, streaming=self.streaming)
-
-        def rels(payloads: tuple[bytes, ...]) -> list[m.Relation]:
-            out = []
-            for payload in payloads:
-                rel = decoder.decode(payload)
-                if not isinstance(rel, m.Relation):
-                    raise StateError(f"staged RELATION of xid {entry.xid} is not a RELATION")
-                out.append(rel)
-            return out
-
-        staged = None
-        if entry.streamed and self.stager is not None:
-            described = {r.relation_id: r for r in rels(entry.start_relations)}
-            described.update((r.relation_id, r) for r in rels(entry.own_relations))
-            staged = self.stager.commit_prepared(
-                entry.xid, entry.spool_path, entry.spool_size, tuple(described.values())
-            )
-        committed = CommittedTxn(
-            xid=entry.xid,
-            commit_lsn=Lsn(msg.commit_lsn),
-            end_lsn=Lsn(msg.end_lsn),
-            commit_time=msg.commit_time,
-            kind="prepared",
-            segments=(entry.segment,) if entry.spool_size else (),
-            relation_ids=entry.relation_ids,
-            relations={r.relation_id: r for r in rels(entry.start_relations)},
-            relation_messages=tuple(rels(entry.own_relations)),
-            n_changes=entry.n_changes,
-            has_truncate=entry.has_truncate,
-            mutated_relation_ids=entry.mutated_relation_ids,
-            gid=entry.gid,
-            staged=staged,
-        )
-        self._emit(committed, apply_own=entry.streamed)
+        self.progress.add(msg.end_lsn, done=True)

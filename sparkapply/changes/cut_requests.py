@@ -22,8 +22,7 @@ from pathlib import Path
 
 from sparkapply.errors import StateError
 from sparkapply.lsn import Lsn
-
-CUT_REQUESTS_DIR = "cut-requests"
+from sparkapply.state.layout import cut_request_lsn, cut_request_name, cut_requests_dir
 
 
 class CutRequests:
@@ -31,7 +30,7 @@ class CutRequests:
     directory at most every ``interval`` seconds."""
 
     def __init__(self, work_dir: Path, *, interval: float = 0.2) -> None:
-        self.root = work_dir / CUT_REQUESTS_DIR
+        self.root = cut_requests_dir(work_dir)
         self.interval = interval
         self._read_at = float("-inf")
         self._pending: list[Lsn] = []
@@ -39,7 +38,7 @@ class CutRequests:
     def add(self, lsn: Lsn) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            (self.root / _name(lsn)).touch()
+            (self.root / cut_request_name(lsn)).touch()
         except OSError as exc:
             raise StateError(
                 f"cannot write the cut request: {exc}",
@@ -63,16 +62,12 @@ class CutRequests:
         out = []
         for name in names:
             try:
-                out.append(Lsn(int(name, 16)))
+                out.append(Lsn(cut_request_lsn(name)))
             except ValueError:  # not ours
                 continue
         return sorted(out)
 
     def done(self, lsn: Lsn) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.root / _name(lsn))
+            os.unlink(self.root / cut_request_name(lsn))
         self._pending = [p for p in self._pending if p != lsn]
-
-
-def _name(lsn: Lsn) -> str:
-    return f"{int(lsn):016X}"

@@ -5,14 +5,12 @@ COMMIT PREPARED and ROLLBACK PREPARED find it by xid (GIDs repeat and may be emp
 also after a restart. Layout in ``<work_dir>/prepared/``: ``<xid>.spool`` (the
 transaction's change records) and ``<xid>.json`` (its metadata). The JSON is written
 last with an atomic rename, so an entry exists only once its spool is complete and
-fsynced; a spool without JSON is debris from a crash and is ignored.
+fsynced; a spool without JSON is debris from a crash and is ignored. The files are
+``state/prepared_files.py``'s; what the metadata says is :class:`PreparedEntry`'s.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,8 @@ from typing import Any
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import StateError
 from sparkapply.lsn import Lsn
+from sparkapply.state import prepared_files
+from sparkapply.state.layout import prepared_dir, prepared_spool, prepared_xids
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,18 +89,6 @@ class PreparedEntry:
         )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-PREPARED_DIR = "prepared"
-"""The store's directory under ``work_dir`` (it must survive restarts)."""
-
-
 class PreparedStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -109,10 +97,7 @@ class PreparedStore:
     @classmethod
     def in_work_dir(cls, work_dir: Path) -> PreparedStore:
         """The store of the subscriber whose work dir is ``work_dir``."""
-        return cls(work_dir / PREPARED_DIR)
-
-    def _paths(self, xid: int) -> tuple[Path, Path]:
-        return self.root / f"{xid}.spool", self.root / f"{xid}.json"
+        return cls(prepared_dir(work_dir))
 
     def stage(
         self,
@@ -135,32 +120,15 @@ class PreparedStore:
     ) -> PreparedEntry:
         """Make the transaction durable. ``move`` renames a whole stream file in;
         ``keep_source`` links it instead (staging tasks still read it by its name)."""
-        spool, meta = self._paths(xid)
-        meta.unlink(missing_ok=True)  # a re-sent PREPARE replaces the old entry
-        if move and source.start == 0 and keep_source:
-            try:
-                spool.unlink(missing_ok=True)
-                os.link(source.path, spool)
-            except OSError:  # no hard links here: copy below
-                move = False
-        elif move and source.start == 0:
-            os.replace(source.path, spool)
-        if move and source.start == 0:
-            with open(spool, "r+b") as f:
-                f.truncate(source.end)
-                os.fsync(f.fileno())
-        else:
-            with open(source.path, "rb") as src, open(spool, "wb") as dst:
-                src.seek(source.start)
-                remaining = source.end - source.start
-                while remaining > 0:
-                    chunk = src.read(min(remaining, 1 << 20))
-                    if not chunk:
-                        raise StateError(f"spool {source.path} ended early while staging xid {xid}")
-                    dst.write(chunk)
-                    remaining -= len(chunk)
-                dst.flush()
-                os.fsync(dst.fileno())
+        spool = prepared_files.take_spool(
+            self.root,
+            xid,
+            source.path,
+            source.start,
+            source.end,
+            move=move,
+            keep_source=keep_source,
+        )
         entry = PreparedEntry(
             xid=xid,
             gid=gid,
@@ -177,24 +145,16 @@ class PreparedStore:
             own_relations=own_relations,
             streamed=streamed,
         )
-        tmp = meta.with_suffix(".json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(entry.to_json(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, meta)
-        _fsync_dir(self.root)
+        prepared_files.write_meta(self.root, xid, entry.to_json())
         return entry
 
     def get(self, xid: int) -> PreparedEntry | None:
-        spool, meta = self._paths(xid)
-        try:
-            raw = json.loads(meta.read_text())
-        except FileNotFoundError:
+        raw = prepared_files.read_meta(self.root, xid)
+        if raw is None:
             return None
-        except (OSError, ValueError) as exc:
-            raise StateError(f"prepared transaction metadata {meta} is unreadable: {exc}") from exc
-        if not spool.exists() or spool.stat().st_size < raw["spool_size"]:
+        spool = prepared_spool(self.root, xid)
+        size = prepared_files.spool_size(self.root, xid)
+        if size is None or size < raw["spool_size"]:
             raise StateError(
                 f"prepared transaction xid {xid} (gid {raw['gid']!r}) has lost its spool {spool}",
                 xid=xid,
@@ -203,14 +163,29 @@ class PreparedStore:
         return PreparedEntry.from_json(raw, spool_path=str(spool))
 
     def remove(self, xid: int) -> None:
-        spool, meta = self._paths(xid)
-        meta.unlink(missing_ok=True)
-        spool.unlink(missing_ok=True)
-        _fsync_dir(self.root)
+        prepared_files.remove(self.root, xid)
 
     def xids(self) -> list[int]:
-        return sorted(int(p.stem) for p in self.root.glob("*.json"))
+        return prepared_xids(self.root)
 
     def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-        self.root.mkdir(parents=True, exist_ok=True)
+        prepared_files.clear(self.root)
+
+
+def pending_prepared(work_dir: Path) -> list[PreparedEntry]:
+    """Staged prepared transactions, by xid, read from outside the subscriber too
+    (``status``, the metrics, ``skip``): creates nothing, and leaves out those
+    committed or rolled back while it reads."""
+    root = prepared_dir(work_dir)
+    if not root.is_dir():
+        return []
+    store = PreparedStore(root)
+    out = []
+    for xid in store.xids():
+        try:
+            entry = store.get(xid)
+        except StateError:  # committed or rolled back while we read it
+            continue
+        if entry is not None:
+            out.append(entry)
+    return out

@@ -20,14 +20,13 @@ FAILURE AND RESTART
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparkapply.errors import StateError
 from sparkapply.lsn import Lsn
-
-SKIP_FILE = "skip.json"
+from sparkapply.state.durable import fsync_dir, write_json_durably
+from sparkapply.state.layout import skip_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +38,13 @@ class SkipStore:
     """Reads and writes ``<work_dir>/skip.json``; safe to use from another process."""
 
     def __init__(self, work_dir: Path) -> None:
-        self.path = work_dir / SKIP_FILE
+        self.path = skip_file(work_dir)
         self._seen: tuple[int, SkipRequest | None] | None = None  # (mtime_ns, request)
 
     def request(self, lsn: Lsn) -> None:
         """Record the skip durably (replaces an earlier request)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        with open(tmp, "w") as f:
-            json.dump({"lsn": str(lsn)}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        write_json_durably(self.path, {"lsn": str(lsn)})
 
     def get(self) -> SkipRequest | None:
         """The pending request; cheap when the file has not changed (one stat)."""
@@ -81,14 +74,6 @@ class SkipStore:
         if current is None or current.lsn != lsn:
             return False
         self.path.unlink(missing_ok=True)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         self._seen = None
         return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

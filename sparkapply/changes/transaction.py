@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from sparkapply.changes.spool import SpoolSegment
+from sparkapply.changes.staged import Staged
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.messages import Relation
-
-if TYPE_CHECKING:
-    from sparkapply.apply.stager import StagedWork
 
 TxnKind = Literal["commit", "stream", "prepared"]
 
@@ -42,8 +40,9 @@ class CommittedTxn:
     gid: str | None = None
     # Files that may be deleted once this transaction is durable.
     cleanup: tuple[str, ...] = field(default=())
-    # A streamed transaction's pieces staged while it arrived (apply/stager.py).
-    staged: StagedWork | None = field(default=None, compare=False)
+    # A streamed transaction's pieces staged while it arrived (apply/stager.py; the
+    # apply opens it, changes/ only carries it: see staged.py).
+    staged: Staged | None = field(default=None, compare=False)
     # Spooled bytes: read per transaction by the batch cut, so computed once.
     nbytes: int = field(init=False, default=0)
 

@@ -1,4 +1,7 @@
-"""The pure pgoutput codec: messages, decoder, encoder, walsender frames (no I/O)."""
+"""The pure pgoutput codec: messages, decoder, encoder, walsender frames (no I/O).
+
+``sparkapply.pgoutput.columnar`` (numpy, for executors) is imported on its own.
+"""
 
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput.decoder import Decoder, decode_message

@@ -29,6 +29,9 @@ from sparkapply.pgoutput._wire import (
     tag_name,
 )
 from sparkapply.pgoutput.messages import (
+    TUPLE_KEY,
+    TUPLE_NEW,
+    TUPLE_OLD,
     Begin,
     BeginPrepare,
     Commit,
@@ -60,9 +63,6 @@ _STREAMED_INSERT_FIELDS = _Fields(
     ("xid", "I"), ("relation_id", "I"), ("tuple marker", "B"), ("column count", "H")
 )
 _REL_MARKER_FIELDS = _Fields(("relation_id", "I"), ("tuple marker", "B"))
-_N = 0x4E  # 'N'
-_K = 0x4B  # 'K'
-_O = 0x4F  # 'O'
 
 
 def _insert(streamed: bool, buf: Buffer) -> Insert:
@@ -76,7 +76,7 @@ def _insert(streamed: bool, buf: Buffer) -> Insert:
     except struct.error:
         raise (_STREAMED_INSERT_FIELDS if streamed else _INSERT_FIELDS).truncated(buf, 1) from None
     o = 12 if streamed else 8
-    if marker != _N:
+    if marker != TUPLE_NEW:
         raise _bad_marker(buf, o - 3, "'N'")
     if type(buf) is bytes:
         end = len(buf)
@@ -95,8 +95,8 @@ def _update(streamed: bool, buf: Buffer) -> Update:
     o += 5
     old_kind: Literal["K", "O"] | None = None
     old: TupleData | None = None
-    if marker in (_K, _O):
-        old_kind = "K" if marker == _K else "O"
+    if marker in (TUPLE_KEY, TUPLE_OLD):
+        old_kind = "K" if marker == TUPLE_KEY else "O"
         old, o = _tuple_at(buf, o, "old tuple")
         if o >= len(buf):
             raise _error(
@@ -106,9 +106,9 @@ def _update(streamed: bool, buf: Buffer) -> Update:
             )
         marker = buf[o]
         o += 1
-        if marker != _N:
+        if marker != TUPLE_NEW:
             raise _bad_marker(buf, o - 1, "'N'")
-    elif marker != _N:
+    elif marker != TUPLE_NEW:
         raise _bad_marker(buf, o - 1, "'K', 'O' or 'N'")
     new, o = _tuple_at(buf, o, "new tuple")
     _expect_end(buf, o)
@@ -119,11 +119,11 @@ def _delete(streamed: bool, buf: Buffer) -> Delete:
     xid, o = _stream_prefix(streamed, buf)
     relid, marker = _REL_MARKER_FIELDS.read(buf, o)
     o += 5
-    if marker != _K and marker != _O:
+    if marker != TUPLE_KEY and marker != TUPLE_OLD:
         raise _bad_marker(buf, o - 1, "'K' or 'O'")
     old, o = _tuple_at(buf, o, "old tuple")
     _expect_end(buf, o)
-    return _new_delete(xid, relid, "K" if marker == _K else "O", old)
+    return _new_delete(xid, relid, "K" if marker == TUPLE_KEY else "O", old)
 
 
 def _bad_marker(buf: Buffer, o: int, expected: str) -> ProtocolError:

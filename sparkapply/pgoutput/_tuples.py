@@ -29,10 +29,9 @@ from sparkapply.pgoutput.messages import (
 # ---------------------------------------------------------------------------------
 # TupleData: the hot loop
 
-_KIND_TEXT = KIND_TEXT  # module globals, read in the hot loop
-_KIND_NULL = KIND_NULL
-_KIND_UNCHANGED = KIND_UNCHANGED
-_KIND_BINARY = KIND_BINARY
+# The loops below compare each column's kind byte with literals, for speed (a constant,
+# no name lookup per column); they are messages.py's kinds, which this pins.
+assert (KIND_TEXT, KIND_BINARY, KIND_NULL, KIND_UNCHANGED) == (0x74, 0x62, 0x6E, 0x75)
 
 
 def _columns(buf: bytes, o: int, end: int, natts: int) -> tuple[TupleData, int]:

@@ -12,8 +12,9 @@ import enum
 from dataclasses import dataclass
 from typing import Final, Literal
 
-# The one definition of the wire's byte values; every reader outside pgoutput/ (the
-# assembler's fast routing reads, the executors' column-wise decoder) imports them.
+# The one definition of the wire's byte values; the column-wise reader (columnar.py)
+# and every reader outside pgoutput/ (the assembler's inline routing reads, the folds'
+# vectorised compares) import them.
 
 # Message tags: a message's first byte.
 TAG_BEGIN = 0x42  # 'B'

@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 
 from sparkapply.errors import ProtocolError
+from sparkapply.pgoutput.messages import TAG_DELETE, TAG_INSERT, TAG_UPDATE
 
 _U32 = struct.Struct("!I")
 _I32 = struct.Struct("!i")
@@ -28,7 +29,7 @@ COMMIT = struct.Struct("!BQQq")  # flags, commit LSN, end LSN, commit time
 CHANGE_HEAD = 8  # tag, relation id, tuple kind, column count
 STREAM_CHANGE_HEAD = 12  # tag, xid, relation id, tuple kind, column count
 
-CHANGE_TAGS = frozenset(b"IUD")
+CHANGE_TAGS = frozenset((TAG_INSERT, TAG_UPDATE, TAG_DELETE))
 
 
 def peek_change(payload: bytes | memoryview, in_stream: bool) -> tuple[int, int | None, int]:

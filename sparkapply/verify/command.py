@@ -32,10 +32,10 @@ from sparkapply.copy.snapshot import SourceTable, describe_tables
 from sparkapply.errors import ConfigError, CutPassedError
 from sparkapply.lsn import Lsn
 from sparkapply.read import wait_for_cut
+from sparkapply.state.verdict import record_verify
 from sparkapply.verify.canonical import NULL
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape, mirror_rows, mirror_sums
 from sparkapply.verify.publisher import exact_point, publisher_rows, publisher_sums, total
-from sparkapply.workdir import record_verify
 
 log = logging.getLogger(__name__)
 

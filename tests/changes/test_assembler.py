@@ -57,7 +57,7 @@ class Feed:
         out = []
         for seg in txn.segments:
             for payload, in_stream in read_records(seg):
-                if payload[:1] == b"I":
+                if payload[0] == m.TAG_INSERT:
                     off = 9 if in_stream else 5
                     # Insert: [xid] relid 'N' ncols(2) kind(1) len(4) value
                     n = int.from_bytes(payload[off + 4 : off + 8], "big")
@@ -95,8 +95,8 @@ def test_relation_cut_off_by_subabort_is_written_back(tmp_path: Path) -> None:
     f(m.StreamStart(10, False), row(1, 11), m.StreamStop())
     f(m.StreamAbort(10, 11, 1, 0), m.StreamCommit(10, 0, 5000, 5010, 0))
     (txn,) = f.take()
-    tags = [p[:1] for s in txn.segments for p, _ in read_records(s)]
-    assert tags == [b"R"]
+    tags = [p[0] for s in txn.segments for p, _ in read_records(s)]
+    assert tags == [m.TAG_RELATION]
 
 
 def test_top_abort_discards_everything(tmp_path: Path) -> None:

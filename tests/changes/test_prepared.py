@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkapply.changes.prepared import PREPARED_DIR, PreparedEntry, PreparedStore
+from sparkapply.changes.prepared import PreparedEntry, PreparedStore
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import StateError
 from sparkapply.lsn import Lsn
+from sparkapply.state.layout import PREPARED_DIR
 
 
 def _entry(**kw: object) -> PreparedEntry:

@@ -143,7 +143,7 @@ def _values(txn: CommittedTxn) -> list[int]:
     out = []
     for seg in txn.segments:
         for payload, in_stream in read_records(seg):
-            if payload[:1] == b"I":
+            if payload[0] == m.TAG_INSERT:
                 off = 9 if in_stream else 5  # tag [xid] relid 'N' ncols, then kind, length
                 n = int.from_bytes(payload[off + 4 : off + 8], "big")
                 out.append(int(payload[off + 8 : off + 8 + n]))
@@ -197,5 +197,5 @@ def test_what_a_reload_with_aborts_leaves_is_exact(tmp_path: Path) -> None:
     assert txn.has_truncate
     # The resent descriptions were the same one: it is spooled and listed once.
     assert txn.relation_messages == (REL,)
-    tags = [p[:1] for s in txn.segments for p, _ in read_records(s)]
-    assert tags.count(b"R") == 1
+    tags = [p[0] for s in txn.segments for p, _ in read_records(s)]
+    assert tags.count(m.TAG_RELATION) == 1

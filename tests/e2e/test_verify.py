@@ -14,12 +14,12 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from sparkapply.changes.cut_requests import CUT_REQUESTS_DIR
 from sparkapply.cli import main
 from sparkapply.metrics import _verify_gauge
+from sparkapply.state.layout import CUT_REQUESTS_DIR
+from sparkapply.state.verdict import last_verify
 from sparkapply.subscriber import Subscriber
 from sparkapply.verify.command import run_verify
-from sparkapply.workdir import last_verify
 from tests.conftest import PgServer
 from tests.mirror import Mirror, Running, wait_until
 

@@ -1,11 +1,15 @@
-"""Column-wise decoding of spooled change records (INSERT, UPDATE, DELETE). Executor side.
+"""Column-wise reading of change records (INSERT, UPDATE, DELETE) with numpy; no I/O.
 
-A run of change records of one relation layout is decoded without a Python object per
-row or per value: each tuple's kinds, lengths and value bytes sit at positions numpy
-computes for all rows at once, and each column's value bytes are gathered into one
-Arrow binary array (PostgreSQL text) that :func:`~sparkapply.convert.values.to_arrow`
-converts. Every position is checked against its record's bounds before bytes are
-gathered, so a malformed record raises :class:`ProtocolError`, never an IndexError.
+Owns the vectorised half of the pgoutput reader: where :class:`~sparkapply.pgoutput.Decoder`
+turns one message into one object, this module reads a run of change records of one
+relation layout without a Python object per row or per value. Each tuple's kinds,
+lengths and value bytes sit at positions numpy computes for all rows at once, and each
+column's value bytes are gathered into one Arrow binary array (PostgreSQL text) that
+:func:`~sparkapply.convert.values.to_arrow` converts. Every position is checked against
+its record's bounds before bytes are gathered, so a malformed record raises
+:class:`ProtocolError`, never an IndexError. The records come from the spool
+(``changes/spool.py``'s ``RecordChunk``, seen here as :class:`Records`); the apply's
+executors use this module (``apply/inserts.py``, ``apply/keyfold.py``).
 
 Record layouts (after the tag, the xid inside a stream block, and the relation id):
 ``I``: ``'N'`` tuple; ``U``: [``'K'``|``'O'`` tuple] ``'N'`` tuple; ``D``: ``'K'``|``'O'``
@@ -17,24 +21,44 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from sparkapply.changes.spool import RecordChunk
 from sparkapply.errors import ProtocolError
-from sparkapply.pgoutput import Decoder
-from sparkapply.pgoutput import messages as m
-
-OP_I, OP_U, OP_D, TAG_R, TAG_T = (
-    m.TAG_INSERT,
-    m.TAG_UPDATE,
-    m.TAG_DELETE,
-    m.TAG_RELATION,
-    m.TAG_TRUNCATE,
+from sparkapply.pgoutput.decoder import Decoder
+from sparkapply.pgoutput.messages import (
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_UNCHANGED,
+    TAG_DELETE,
+    TAG_INSERT,
+    TAG_RELATION,
+    TAG_TRUNCATE,
+    TAG_UPDATE,
+    TUPLE_KEY,
+    TUPLE_NEW,
+    TUPLE_OLD,
 )
-_N, _K, _O = m.TUPLE_NEW, m.TUPLE_KEY, m.TUPLE_OLD
-KIND_TEXT, KIND_NULL, KIND_UNCHANGED = m.KIND_TEXT, m.KIND_NULL, m.KIND_UNCHANGED
+
+
+class Records(Protocol):
+    """A run of whole records held in one buffer, with their index (the spool's
+    ``RecordChunk``): record i's payload is ``data[starts[i]:starts[i] + lengths[i]]``,
+    received inside a stream block if ``in_stream[i]``."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def starts(self) -> Sequence[int] | np.ndarray: ...
+
+    @property
+    def lengths(self) -> Sequence[int] | np.ndarray: ...
+
+    @property
+    def in_stream(self) -> Sequence[bool] | np.ndarray: ...
 
 
 _FOUR = np.arange(4, dtype=np.int64)
@@ -119,7 +143,7 @@ class ChangeRun:
     """
 
     relation_id: int
-    ops: np.ndarray  # uint8 OP_I / OP_U / OP_D
+    ops: np.ndarray  # uint8 message tags: TAG_INSERT / TAG_UPDATE / TAG_DELETE
     new: Tuples
     old: Tuples
     has_old: np.ndarray
@@ -158,8 +182,8 @@ def decode_changes(
     if np.any(pos + 1 > ends):
         raise malformed("record ends after its relation id")
     marker = b[pos]
-    is_i, is_u, is_d = ops == OP_I, ops == OP_U, ops == OP_D
-    has_old = (is_u | is_d) & ((marker == _K) | (marker == _O))
+    is_i, is_u, is_d = ops == TAG_INSERT, ops == TAG_UPDATE, ops == TAG_DELETE
+    has_old = (is_u | is_d) & ((marker == TUPLE_KEY) | (marker == TUPLE_OLD))
     if np.any(is_d & ~has_old):
         raise malformed("DELETE without an old tuple ('K' or 'O')", "D")
     n = len(starts)
@@ -168,7 +192,7 @@ def decode_changes(
     new_pos = pos.copy()
     new_pos[old_rows] = old.ends
     new_rows = np.flatnonzero(is_i | is_u)
-    if np.any(new_pos[new_rows] + 1 > ends[new_rows]) or np.any(b[new_pos[new_rows]] != _N):
+    if np.any(new_pos[new_rows] + 1 > ends[new_rows]) or np.any(b[new_pos[new_rows]] != TUPLE_NEW):
         raise malformed("no new tuple ('N') where one must be", "I/U")
     new = decode_tuples(b, new_pos[new_rows] + 1, ends[new_rows], names, "I/U")
     d_ends = old.ends[is_d[old_rows]]
@@ -189,10 +213,10 @@ class ChunkIndex:
     in_stream: np.ndarray
     tags: np.ndarray
     relids: np.ndarray  # -1 for records that are not changes
-    chunk: RecordChunk
+    chunk: Records
 
     @classmethod
-    def of(cls, chunk: RecordChunk) -> ChunkIndex:
+    def of(cls, chunk: Records) -> ChunkIndex:
         b = np.frombuffer(chunk.data, np.uint8)
         starts = np.asarray(chunk.starts, np.int64)
         ends = starts + np.asarray(chunk.lengths, np.int64)
@@ -200,7 +224,7 @@ class ChunkIndex:
         if np.any(ends - starts < 1):
             raise ProtocolError("empty message in the spool")
         tags = b[starts]
-        is_change = (tags == OP_I) | (tags == OP_U) | (tags == OP_D)
+        is_change = (tags == TAG_INSERT) | (tags == TAG_UPDATE) | (tags == TAG_DELETE)
         relpos = starts + 1 + np.where(in_stream, 4, 0)
         if np.any(is_change & (relpos + 4 > ends)):
             raise ProtocolError("change message too short for its relation id")
@@ -215,7 +239,7 @@ class ChunkIndex:
         """Alternate runs of this table's change records (``(-1, rows)``) with the
         RELATION/TRUNCATE record that separates them (``(i, None)``), in order."""
         mine = np.isin(self.relids, np.fromiter(relation_ids, np.int64, len(relation_ids)))
-        special = np.flatnonzero((self.tags == TAG_R) | (self.tags == TAG_T))
+        special = np.flatnonzero((self.tags == TAG_RELATION) | (self.tags == TAG_TRUNCATE))
         run_start = 0
         for i in [*special.tolist(), len(self.tags)]:
             sel = np.flatnonzero(mine[run_start:i]) + run_start

@@ -1,0 +1,189 @@
+"""What staging keeps under ``work_dir``, and the sweep of it at start. Driver side.
+
+JOURNAL
+    Before a piece writes, ``staging/<prefix><xid>.json`` names each table it stages:
+    the table, its data directory and the prefix of the names of the files the piece
+    writes there, so that a restart finds those files whatever point a crash stopped
+    the piece at. The entry is removed once its transaction's batch is committed, its
+    files are deleted, or a record keeps them.
+
+RECORDS
+    Once every piece of a STREAM PREPAREd transaction has finished,
+    ``prepared/<xid>.staged.json`` (beside the prepared store's entry) lists the pieces
+    with their files, for COMMIT PREPARED in this session or after a restart.
+
+SWEEP
+    At start, the files the journal names that no snapshot of their table references
+    are deleted (they belong to a transaction the server will send again), except
+    those a record keeps; then the journal is emptied.
+
+Both files are written whole (temp file, fsync, rename) but their directories are not
+fsynced: an entry lost to a crash only leaves files for the orphan sweep, and a lost
+record makes COMMIT PREPARED read the prepared spool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sparkapply.apply.stage import StagedFiles, StageResult, StageTask
+from sparkapply.apply.writer import filesystem
+from sparkapply.errors import SparkapplyError
+from sparkapply.sink.maintenance import list_files, unreferenced
+from sparkapply.state.durable import write_json_durably
+from sparkapply.state.layout import (
+    is_journal_entry,
+    journal_entry,
+    prepared_dir,
+    staged_records,
+    staging_dir,
+)
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+
+# -- the journal ----------------------------------------------------------------------------
+
+
+def write_journal(journal_dir: Path, task: StageTask) -> str:
+    """Before the piece writes: where its files will be. Returns the entry's path."""
+    journal_dir.mkdir(parents=True, exist_ok=True)
+    path = journal_entry(journal_dir, task.tables[0].prefix, task.xid)
+    entries = [{"table": t.name, "dir": t.data_dir, "prefix": t.prefix} for t in task.tables]
+    write_json_durably(path, {"xid": task.xid, "tables": entries}, sync_dir=False)
+    return str(path)
+
+
+def forget_journal(result: StageResult) -> None:
+    """The piece's files are committed, deleted or recorded: drop its journal entry."""
+    if result.journal is not None:
+        Path(result.journal).unlink(missing_ok=True)
+        result.journal = None
+
+
+# -- the records of prepared transactions -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedPiece:
+    """A finished piece of a prepared transaction, as its record keeps it."""
+
+    start: int
+    end: int
+    touched: frozenset[int]
+    covered: frozenset[int]
+    tables: tuple[StagedFiles, ...]
+
+
+def write_record(path: Path, xid: int, pieces: Sequence[RecordedPiece]) -> None:
+    doc = {
+        "xid": xid,
+        "pieces": [
+            {
+                "start": p.start,
+                "end": p.end,
+                "touched": sorted(p.touched),
+                "covered": sorted(p.covered),
+                "tables": [dataclasses.asdict(t) for t in p.tables],
+            }
+            for p in pieces
+        ],
+    }
+    write_json_durably(path, doc, sync_dir=False)
+
+
+def read_record(path: Path) -> list[RecordedPiece] | None:
+    """The pieces a record lists; None when there is none, or it is unreadable."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the unreadable staging record %s: %s", path, exc)
+        return None
+    return [
+        RecordedPiece(
+            raw["start"],
+            raw["end"],
+            frozenset(raw["touched"]),
+            frozenset(raw["covered"]),
+            tuple(StagedFiles(**t) for t in raw["tables"]),
+        )
+        for raw in doc["pieces"]
+    ]
+
+
+# -- the sweep at start -----------------------------------------------------------------------
+
+
+def sweep_staged(work_dir: Path, catalog: Catalog) -> int:
+    """At start: delete the files of journalled pieces that no snapshot of their table
+    references, and the journal. Returns how many files were deleted."""
+    root = staging_dir(work_dir)
+    if not root.is_dir():
+        return 0
+    kept = {  # staged for prepared transactions, waiting for COMMIT PREPARED
+        f
+        for record in staged_records(prepared_dir(work_dir))
+        for piece in (read_record(record) or [])
+        for t in piece.tables
+        for f in t.files
+    }
+    by_table: dict[str, list[str]] = {}
+    entries = sorted(root.iterdir())
+    for entry in entries:
+        if not is_journal_entry(entry):
+            continue  # a journal entry half written: its piece had not started
+        try:
+            doc = json.loads(entry.read_text())
+            for t in doc["tables"]:
+                by_table.setdefault(t["table"], []).extend(_named(t["dir"], t["prefix"]))
+        except (OSError, ValueError, KeyError, SparkapplyError) as exc:
+            log.warning("cannot read the staging journal %s: %s", entry, exc)
+    deleted = 0
+    for name, files in by_table.items():
+        namespace, _, table_name = name.rpartition(".")
+        try:
+            table = catalog.load_table((namespace, table_name))
+            doomed = unreferenced(table, [f for f in files if f not in kept])
+        except Exception as exc:  # the orphan sweep removes them later
+            log.warning("cannot check the staged files of %s: %s", name, exc)
+            continue
+        delete_files(doomed)
+        deleted += len(doomed)
+    for entry in entries:
+        entry.unlink(missing_ok=True)
+    if deleted:
+        log.info("removed %d staged files of transactions that never committed", deleted)
+    return deleted
+
+
+def _named(data_dir: str, prefix: str) -> list[str]:
+    """The files directly under ``data_dir`` whose names start with ``prefix``."""
+    return [
+        uri
+        for uri, _size, _mtime in list_files(data_dir)
+        if uri.rsplit("/", 1)[-1].startswith(prefix)
+    ]
+
+
+def delete_files(uris: Sequence[str]) -> None:
+    """Delete staged data files; one already gone is fine, one that cannot be is left
+    to the orphan sweep."""
+    for uri in uris:
+        fs, path = filesystem(uri)
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # an orphan wastes space; the orphan sweep removes it
+            log.warning("cannot delete the staged file %s: %s", uri, exc)

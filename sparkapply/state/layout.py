@@ -1,0 +1,138 @@
+"""Where everything under ``work_dir`` lives: the one module that spells its paths.
+
+::
+
+    spool/               transactions in progress or not yet applied, rebuilt on
+                         every start (changes/spool.py)
+    prepared/            the prepared store (changes/prepared.py, state/prepared_files.py)
+      <xid>.spool          a prepared transaction's change records
+      <xid>.json           its metadata, written last: the entry exists once it does
+      <xid>.staged.json    the files staged for it while it arrived (apply/stager.py)
+    staging/             the journal of staged pieces, <prefix><xid>.json (apply/stager.py)
+    skip.json            a pending ``sparkapply skip`` (changes/skip.py)
+    cut-requests/<X>     ``sparkapply cut --at-lsn X``, X as 16 hex digits
+                         (changes/cut_requests.py)
+    verify.json          the last ``sparkapply verify``'s verdict (state/verdict.py)
+    logs/                Spark's output (apply/session.py)
+
+``status`` and the metrics read these while ``run`` writes them, so every reader
+tolerates files that vanish under it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+SPOOL_DIR = "spool"
+PREPARED_DIR = "prepared"
+"""The prepared store's directory (it must survive restarts)."""
+STAGING_DIR = "staging"
+SKIP_FILE = "skip.json"
+CUT_REQUESTS_DIR = "cut-requests"
+VERIFY_FILE = "verify.json"
+LOGS_DIR = "logs"
+
+
+def spool_dir(work_dir: Path) -> Path:
+    return work_dir / SPOOL_DIR
+
+
+def prepared_dir(work_dir: Path) -> Path:
+    return work_dir / PREPARED_DIR
+
+
+def staging_dir(work_dir: Path) -> Path:
+    return work_dir / STAGING_DIR
+
+
+def skip_file(work_dir: Path) -> Path:
+    return work_dir / SKIP_FILE
+
+
+def cut_requests_dir(work_dir: Path) -> Path:
+    return work_dir / CUT_REQUESTS_DIR
+
+
+def verify_file(work_dir: Path) -> Path:
+    return work_dir / VERIFY_FILE
+
+
+def logs_dir(work_dir: Path) -> Path:
+    return work_dir / LOGS_DIR
+
+
+# -- inside prepared/ (given the store's directory: tests keep stores elsewhere) -----------
+
+_PREPARED_META = re.compile(r"^(\d+)\.json$")
+
+
+def prepared_spool(root: Path, xid: int) -> Path:
+    return root / f"{xid}.spool"
+
+
+def prepared_meta(root: Path, xid: int) -> Path:
+    return root / f"{xid}.json"
+
+
+def staged_record(root: Path, xid: int) -> Path:
+    return root / f"{xid}.staged.json"
+
+
+def prepared_xids(root: Path) -> list[int]:
+    """The xids with a metadata file under ``root`` (not the staging records beside
+    them, nor a ``.tmp`` half written), lowest first."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for name in names if (m := _PREPARED_META.match(name)))
+
+
+def staged_records(root: Path) -> list[Path]:
+    return sorted(root.glob("*.staged.json"))
+
+
+# -- inside staging/ ------------------------------------------------------------------------
+
+
+def journal_entry(root: Path, prefix: str, xid: int) -> Path:
+    return root / f"{prefix}{xid}.json"
+
+
+def is_journal_entry(path: Path) -> bool:
+    """False for what else the journal's directory holds: an entry half written."""
+    return path.suffix == ".json"
+
+
+# -- inside cut-requests/ -------------------------------------------------------------------
+
+
+def cut_request_name(lsn: int) -> str:
+    """The request's file name: 16 hex digits, so that names sort as LSNs."""
+    return f"{int(lsn):016X}"
+
+
+def cut_request_lsn(name: str) -> int:
+    """The LSN a request's file name asks for; ValueError for a file that is not one."""
+    return int(name, 16)
+
+
+# -- sizes --------------------------------------------------------------------------------
+
+
+def spool_bytes(work_dir: Path) -> int:
+    """Bytes in the spool's files (0 when there is no spool)."""
+    total = 0
+    try:
+        entries = list(os.scandir(spool_dir(work_dir)))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:  # released while we looked
+            continue
+    return total

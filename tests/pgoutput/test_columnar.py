@@ -1,0 +1,138 @@
+"""The column-wise reader agrees with the decoder, and is total on malformed records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from sparkapply.errors import ProtocolError
+from sparkapply.pgoutput import encode
+from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.columnar import ChangeRun, ChunkIndex, decode_changes, stream_decoders
+
+COLUMNS = (m.RelationColumn(1, "id", 23, -1), m.RelationColumn(0, "v", 25, -1))
+NAMES = tuple(c.name for c in COLUMNS)
+XID = 9
+
+
+def tup(*values: m.ColumnValue) -> m.TupleData:
+    kinds = bytes(
+        m.KIND_NULL if v is None else m.KIND_UNCHANGED if v is m.UNCHANGED else m.KIND_TEXT
+        for v in values
+    )
+    return m.TupleData(kinds, values)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """What the spool's ``RecordChunk`` holds (columnar.Records)."""
+
+    data: bytes
+    starts: list[int]
+    lengths: list[int]
+    in_stream: list[bool]
+
+
+def chunk(messages: list[m.Message]) -> Chunk:
+    payloads = [encode(msg) for msg in messages]
+    starts = np.cumsum([0, *map(len, payloads)])[:-1].tolist()
+    in_stream = [getattr(msg, "xid", None) is not None for msg in messages]
+    return Chunk(b"".join(payloads), starts, [len(p) for p in payloads], in_stream)
+
+
+def changes(xid: int | None) -> list[m.Message]:
+    return [
+        m.Relation(xid, 7, "public", "t", "d", COLUMNS),
+        m.Insert(xid, 7, tup(b"1", b"a")),
+        m.Update(xid, 7, None, None, tup(b"1", m.UNCHANGED)),
+        m.Update(xid, 7, "K", tup(b"1", None), tup(b"2", b"")),
+        m.Insert(xid, 8, tup(b"x", None)),  # another table: not in its run
+        m.Delete(xid, 7, "O", tup(b"2", b"b")),
+        m.Truncate(xid, 0, (7,)),
+        m.Insert(xid, 7, tup(None, b"c" * 300)),
+    ]
+
+
+def values(run: ChangeRun, old: bool, row: int) -> tuple[bytes, tuple[m.ColumnValue, ...]]:
+    """One row of a decoded run, as the decoder's TupleData would hold it."""
+    tuples = run.old if old else run.new
+    kinds = bytes(int(k[row]) for k in tuples.kinds)
+    vals = tuple(
+        m.UNCHANGED if kind == m.KIND_UNCHANGED else v[row].as_py()
+        for kind, v in zip(kinds, tuples.values, strict=True)
+    )
+    return kinds, vals
+
+
+@pytest.mark.parametrize("xid", [None, XID], ids=["plain", "in-stream"])
+def test_runs_and_rows_agree_with_the_decoder(xid: int | None) -> None:
+    ix = ChunkIndex.of(chunk(changes(xid)))
+    assert list(ix.tags) == [
+        m.TAG_RELATION,
+        m.TAG_INSERT,
+        m.TAG_UPDATE,
+        m.TAG_UPDATE,
+        m.TAG_INSERT,
+        m.TAG_DELETE,
+        m.TAG_TRUNCATE,
+        m.TAG_INSERT,
+    ]
+    runs = [(i, None if rows is None else rows.tolist()) for i, rows in ix.runs(frozenset({7}))]
+    assert runs == [(0, None), (-1, [1, 2, 3, 5]), (6, None), (-1, [7])]
+    decoders = stream_decoders(4, "parallel")
+    for _, rows in ix.runs(frozenset({7})):
+        if rows is None:
+            continue
+        run = decode_changes(ix.b, ix.starts[rows], ix.ends[rows], ix.in_stream[rows], 7, NAMES)
+        assert run.relation_id == 7 and run.ops.tolist() == ix.tags[rows].tolist()
+        for j, i in enumerate(rows.tolist()):
+            msg = decoders[bool(ix.in_stream[i])].decode(ix.payload(i))
+            assert isinstance(msg, m.Insert | m.Update | m.Delete)
+            if isinstance(msg, m.Delete):
+                assert values(run, False, j) == (b"nn", (None, None))
+            else:
+                assert values(run, False, j) == (msg.new.kinds, msg.new.values)
+            expected_old = None if isinstance(msg, m.Insert) else msg.old
+            assert bool(run.has_old[j]) == (expected_old is not None)
+            if expected_old is not None:
+                assert values(run, True, j) == (expected_old.kinds, expected_old.values)
+
+
+def test_unchanged_toast_is_seen() -> None:
+    ix = ChunkIndex.of(chunk(changes(None)))
+    rows = np.array([1, 2])
+    run = decode_changes(ix.b, ix.starts[rows], ix.ends[rows], ix.in_stream[rows], 7, NAMES)
+    assert run.new.has_unchanged() and not run.old.has_unchanged()
+
+
+def _one(msg: m.Message, cut: int = 0, extra: bytes = b"") -> ChunkIndex:
+    wire = encode(msg)
+    wire = (wire[:-cut] if cut else wire) + extra
+    return ChunkIndex.of(Chunk(wire, [0], [len(wire)], [False]))
+
+
+@pytest.mark.parametrize(
+    ("ix", "names", "match"),
+    [
+        (_one(m.Insert(None, 7, tup(b"1", b"abc")), cut=1), NAMES, "runs past its record"),
+        (_one(m.Insert(None, 7, tup(b"1", b"abc")), extra=b"x"), NAMES, "trailing bytes"),
+        (_one(m.Insert(None, 7, tup(b"1", None)), cut=1), NAMES, "ends before column 'v'"),
+        (_one(m.Insert(None, 7, tup(b"1"))), NAMES, "column count differs"),
+        (_one(m.Delete(None, 7, "K", tup(b"1", None)), cut=1), NAMES, "ends before column"),
+        (_one(m.Insert(None, 7, m.TupleData(b"tb", (b"1", b"\x00")))), NAMES, "kind"),
+    ],
+    ids=["value cut", "trailing", "kind cut", "natts", "delete cut", "binary kind"],
+)
+def test_malformed_records_raise_protocol_error(
+    ix: ChunkIndex, names: tuple[str, ...], match: str
+) -> None:
+    rows = np.array([0])
+    with pytest.raises(ProtocolError, match=match):
+        decode_changes(ix.b, ix.starts[rows], ix.ends[rows], ix.in_stream[rows], 7, names)
+
+
+def test_a_change_too_short_for_its_relation_id_raises() -> None:
+    with pytest.raises(ProtocolError, match="too short for its relation id"):
+        ChunkIndex.of(Chunk(bytes([m.TAG_INSERT, 0, 0]), [0], [3], [False]))
