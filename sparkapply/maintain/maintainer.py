@@ -71,6 +71,10 @@ SCHEDULER_POOL = "maintenance"
 # holds the table throughout: beside a steady stream of batches on a hot table, an
 # unlocked compaction would lose every race and the table's files would only grow.
 LOST_RACES_BEFORE_HOLDING = 2
+# A table that needed holding stays held for this long after: beside a steady stream
+# two unlocked runs in three lost their race (their work thrown away, on cores the
+# apply needs) before the third held the table anyway.
+HOT_SECONDS = 300.0
 
 # The delete ratio calls for a compaction only once this many rows are deleted: a small
 # hot table (pgbench's branches: one row, updated by every batch) is over any ratio
@@ -177,6 +181,7 @@ class Maintainer:
         self._tolerant = False  # between batches: a failed step is logged, not raised
         self._quiet: dict[TableIdentifier, Health] = {}  # health when a plan found nothing
         self._lost: dict[TableIdentifier, int] = {}  # runs in a row that lost a race
+        self._hot_until: dict[TableIdentifier, float] = {}  # held runs until then
 
     def spark(self) -> SparkSession:
         if self._spark is None:
@@ -231,13 +236,15 @@ class Maintainer:
         report = MaintenanceReport(".".join(ident), dry_run, before)
         self._tolerant = due_only
         guard = self._guard(ident)
-        if self._lost.get(ident, 0) >= LOST_RACES_BEFORE_HOLDING:
+        if self.holds(ident, now):
             # A hot table: every batch commits before a compaction can, so this run
             # holds the table from its plan to its last commit (the apply of that
             # table waits for it, as it did when maintenance ran between batches).
             with guard():
                 table = self.catalog.load_table(ident)
                 self._steps(report, ident, table, now, due, dry_run, contextlib.nullcontext)
+            if not report.lost_race:
+                self._hot_until[ident] = now + HOT_SECONDS
         else:
             self._steps(report, ident, table, now, due, dry_run, guard)
         self._lost[ident] = self._lost.get(ident, 0) + 1 if report.lost_race else 0
@@ -245,6 +252,14 @@ class Maintainer:
         report.seconds = time.monotonic() - started
         logger.info("maintenance %s", report.summary())
         return report
+
+    def holds(self, ident: TableIdentifier, now: float) -> bool:
+        """Whether a run of ``ident`` now holds the table throughout: after
+        :data:`LOST_RACES_BEFORE_HOLDING` lost races, and for :data:`HOT_SECONDS`
+        after a held run."""
+        return self._lost.get(ident, 0) >= LOST_RACES_BEFORE_HOLDING or now < self._hot_until.get(
+            ident, 0.0
+        )
 
     def _due(
         self, ident: TableIdentifier, table: Table, before: Health, now: float, *, every: bool
