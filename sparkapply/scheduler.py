@@ -28,6 +28,12 @@ CONTRACT
     ``stop()`` / ``may_exit()``
         after stop no batch is cut; the caller exits once the running one completed.
 
+REQUESTED CUTS
+    A batch never spans a requested cut (:mod:`sparkapply.changes.cut_requests`): it
+    ends at the last transaction at or below it, and once every transaction up to it
+    is applied and none above, an empty batch records the cut. While a hold lasts, no
+    transaction above its floor is taken.
+
 SKIP
     A transaction whose finish LSN matches the skip record (see
     :mod:`sparkapply.changes.skip`) is taken out of the batch at cut time, marked done
@@ -111,9 +117,12 @@ class BatchScheduler:
         if self._running is not None or self._stopping:
             return None
         requested = self._requested()
-        if requested is not None and self._at_request(requested):
+        held = self._cut_requests.held() if self._cut_requests is not None else None
+        servable = requested is not None and (held is None or requested <= held)
+        if servable and requested is not None and self._at_request(requested):
             self._running = Batch((), self._clock(), requested=requested)
             return self._running
+        through = min((x for x in (requested, held) if x is not None), default=None)
         backlog = self._assembler.backlog()
         if not backlog.transactions:
             return None
@@ -131,8 +140,10 @@ class BatchScheduler:
         if not (waited or full or self._paused):
             return None
         items = self._assembler.take_ready(
-            lim.batch_max_bytes, lim.batch_max_transactions, through=requested
+            lim.batch_max_bytes, lim.batch_max_transactions, through=through
         )
+        if not items:  # held: what waits keeps its place
+            return None
         self._ready_since = now if self._assembler.backlog().transactions else None
         items = self._drop_skipped(items)
         if not items:

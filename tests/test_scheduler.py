@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.changes.skip import SkipStore
 from sparkapply.config import ApplyConfig
 from sparkapply.lsn import Lsn
@@ -32,7 +33,12 @@ def txn(f: Feed, xid: int, commit: int, *values: int, first: bool = False) -> No
 
 
 def make(
-    tmp_path: Path, *, linger: float = 1.0, max_txns: int = 100, skips: bool = False
+    tmp_path: Path,
+    *,
+    linger: float = 1.0,
+    max_txns: int = 100,
+    skips: bool = False,
+    requests: CutRequests | None = None,
 ) -> tuple[Feed, BatchScheduler, Clock]:
     f = Feed(tmp_path)
     clock = Clock()
@@ -46,6 +52,7 @@ def make(
         skips=SkipStore(tmp_path) if skips else None,
         prepared=f.store,
         clock=clock,
+        cut_requests=requests,
     )
     return f, sched, clock
 
@@ -219,3 +226,59 @@ def test_what_gathered_while_a_batch_ran_is_cut_when_it_completes(tmp_path: Path
     sched.received(True)
     last = sched.cut()
     assert last is not None and [t.xid for t in last.txns] == [3]
+
+
+def test_a_batch_ends_at_a_requested_cut_and_an_empty_batch_records_it(tmp_path: Path) -> None:
+    requests = CutRequests(tmp_path / "work", interval=0.0)
+    f, sched, _ = make(tmp_path, linger=0.0, requests=requests)
+    txn(f, 1, 2000, 1, first=True)
+    txn(f, 2, 3000, 2)
+    txn(f, 3, 4000, 3)
+    requests.add(Lsn(3500))
+    sched.received(True)
+    batch = sched.cut()
+    assert batch is not None and [t.xid for t in batch.txns] == [1, 2]
+    assert batch.requested is None
+    sched.complete(batch)
+    record = sched.cut()  # the next waiting is above the request: the cut is exact
+    assert record is not None and record.requested == Lsn(3500) and not record.txns
+    sched.complete(record)
+    sched.cut_recorded(Lsn(3500))
+    rest = sched.cut()
+    assert rest is not None and [t.xid for t in rest.txns] == [3]
+
+
+def test_nothing_above_a_hold_is_applied_until_it_goes(tmp_path: Path) -> None:
+    """verify holds the mirror at the publisher's position while its slot becomes
+    consistent at a point it does not know yet; then it asks for the exact cut."""
+    requests = CutRequests(tmp_path / "work", interval=0.0)
+    f, sched, _ = make(tmp_path, linger=0.0, requests=requests)
+    txn(f, 1, 2000, 1, first=True)
+    txn(f, 2, 3000, 2)
+    hold = requests.hold(Lsn(2500), 60.0)
+    sched.received(True)
+    batch = sched.cut()
+    assert batch is not None and [t.xid for t in batch.txns] == [1]
+    sched.complete(batch)
+    txn(f, 3, 4000, 3)
+    sched.received(False)
+    assert sched.cut() is None  # held: neither 3000 nor 4000, and no cut is recorded
+    requests.add(Lsn(3500))  # the slot's point, then the hold goes
+    assert sched.cut() is None  # still held
+    requests.release(hold)
+    batch = sched.cut()
+    assert batch is not None and [t.xid for t in batch.txns] == [2]
+    sched.complete(batch)
+    record = sched.cut()
+    assert record is not None and record.requested == Lsn(3500)
+
+
+def test_a_hold_whose_writer_died_lapses_and_is_removed(tmp_path: Path) -> None:
+    requests = CutRequests(tmp_path / "work", interval=0.0)
+    f, sched, _ = make(tmp_path, linger=0.0, requests=requests)
+    txn(f, 1, 2000, 1, first=True)
+    hold = requests.hold(Lsn(1000), -1.0)  # already past its time
+    sched.received(False)
+    batch = sched.cut()
+    assert batch is not None and [t.xid for t in batch.txns] == [1]
+    assert not hold.exists()

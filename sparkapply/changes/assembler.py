@@ -112,8 +112,8 @@ class Assembler:
     def take_ready(
         self, max_bytes: int, max_txns: int, *, through: Lsn | None = None
     ) -> list[tuple[CommittedTxn, list[int]]]:
-        """Committed transactions for the next batch, in commit order (those with a
-        commit LSN at most ``through``, if any are)."""
+        """Committed transactions for the next batch, in commit order (only those
+        with a commit LSN at most ``through``, when it is given)."""
         self.spool.flush_shared()
         out: list[tuple[CommittedTxn, list[int]]] = []
         nbytes = 0
@@ -121,7 +121,7 @@ class Assembler:
             txn = self.ready[0][0]
             if out and nbytes + txn.nbytes > max_bytes:
                 break
-            if through is not None and txn.commit_lsn > through and out:
+            if through is not None and txn.commit_lsn > through:
                 break
             out.append(self.ready.popleft())
             nbytes += txn.nbytes

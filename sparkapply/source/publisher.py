@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -227,16 +227,26 @@ _temporary_slots = itertools.count()
 
 
 @contextlib.contextmanager
-def temporary_snapshot(source: SourceConfig, purpose: str, what: str) -> Iterator[tuple[str, Lsn]]:
+def temporary_snapshot(
+    source: SourceConfig,
+    purpose: str,
+    what: str,
+    *,
+    before: Callable[[Lsn], None] | None = None,
+) -> Iterator[tuple[str, Lsn]]:
     """A snapshot exported by a temporary logical slot, alive for the block, and the
     slot's consistent point: the snapshot sees exactly the transactions committed
     before it. The server drops the slot with its connection when the block ends, also
     if the process is killed. ``purpose`` names the slot (``<slot>_<purpose>_<pid>_N``);
-    ``what`` says in the log what it is for."""
+    ``what`` says in the log what it is for. ``before`` is called with the server's
+    WAL position just before the slot is created (the consistent point is above it)."""
     base = re.sub(r"[^a-z0-9_]", "_", source.slot.lower())[:36]
     name = f"{base}_{purpose}_{os.getpid()}_{next(_temporary_slots)}"
     conn = ReplicationConnection(source.dsn, connect_timeout=source.connect_timeout)
     try:
+        if before is not None:
+            (system,) = conn.execute("IDENTIFY_SYSTEM")
+            before(Lsn.parse(system["xlogpos"] or "0/0"))
         log.info(
             "creating temporary slot %s for %s (waits for the publisher's running "
             "transactions, prepared ones included, to end)",

@@ -12,6 +12,9 @@
     skip.json            a pending ``sparkapply skip`` (changes/skip.py)
     cut-requests/<X>     ``sparkapply cut --at-lsn X``, X as 16 hex digits
                          (changes/cut_requests.py)
+    cut-requests/hold-<F>-<until>-<pid>
+                         ``verify`` about to ask for a cut above F: apply nothing
+                         above F until the file goes or ``until`` passes
     verify.json          the last ``sparkapply verify``'s verdict (state/verdict.py)
     logs/                Spark's output (apply/session.py)
 
@@ -117,6 +120,25 @@ def cut_request_name(lsn: int) -> str:
 def cut_request_lsn(name: str) -> int:
     """The LSN a request's file name asks for; ValueError for a file that is not one."""
     return int(name, 16)
+
+
+HOLD_PREFIX = "hold-"
+
+
+def cut_hold_name(floor: int, until: float, pid: int) -> str:
+    """A hold's file name: ``hold-<floor, 16 hex>-<until, unix ms>-<pid>``."""
+    return f"{HOLD_PREFIX}{int(floor):016X}-{int(until * 1000)}-{pid}"
+
+
+def cut_hold_of(name: str) -> tuple[int, float] | None:
+    """``(floor, until)`` of a hold's file name; None for a file that is not one."""
+    if not name.startswith(HOLD_PREFIX):
+        return None
+    parts = name[len(HOLD_PREFIX) :].split("-")
+    try:
+        return int(parts[0], 16), int(parts[1]) / 1000
+    except (IndexError, ValueError):
+        return None
 
 
 # -- sizes --------------------------------------------------------------------------------

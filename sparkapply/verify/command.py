@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from pyiceberg.catalog import Catalog
 
-from sparkapply.changes.cut_requests import CutRequests
+from sparkapply.changes.cut_requests import HOLD_SETTLE, CutRequests
 from sparkapply.config import Config
 from sparkapply.convert.types import PgColumnType, column_target
 from sparkapply.copy.snapshot import SourceTable, describe_tables
@@ -35,12 +37,21 @@ from sparkapply.read import wait_for_cut
 from sparkapply.state.verdict import record_verify
 from sparkapply.verify.canonical import NULL
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape, mirror_rows, mirror_sums
-from sparkapply.verify.publisher import exact_point, publisher_rows, publisher_sums, total
+from sparkapply.verify.publisher import (
+    ExactPoint,
+    exact_point,
+    publisher_rows,
+    publisher_sums,
+    total,
+)
 
 log = logging.getLogger(__name__)
 
 BUCKETS = 64
 ATTEMPTS = 3  # points tried when the live mirror passed one before it was asked
+# How long the live mirror may hold its apply while verify's slot becomes consistent
+# (it waits for the publisher's running transactions); past it the mirror goes on.
+HOLD_SECONDS = 60.0
 
 Kind = Literal["missing in Iceberg", "extra in Iceberg", "different"]
 
@@ -177,68 +188,98 @@ def _verify_once(
     spark: Any,
     catalog: Catalog,
 ) -> VerifyReport:
-    with exact_point(config) as point:
-        # Asked at once: the live mirror, a moment behind, must not apply past the
-        # point before it knows (if it did, the next attempt takes a new point).
-        CutRequests(config.work_dir).add(point.lsn)
-        sources = describe_tables(point.conn, config.source.publication, only)
-        missing = sorted(set(only or ()) - {s.key for s in sources})
-        if missing:
-            raise ConfigError(
-                f"not published: {', '.join('.'.join(m) for m in missing)}",
-                key="--table",
-                hint="name tables of the publication, as schema.table",
-            )
-        shapes = {s.key: shape_of(s) for s in sources}
-        # The two sides at once: the server hashes its tables while the mirror's cut
-        # is awaited, Spark starts and its tasks hash the mirror's.
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-publisher")
-        future = pool.submit(
-            lambda: {s.key: publisher_sums(point.conn, s, shapes[s.key]) for s in sources}
-        )
-        try:
-            log.info(
-                "verifying at %s: waiting up to %gs for the mirror's cut there", point.lsn, timeout
-            )
-            cut = wait_for_cut(config, point.lsn, timeout=timeout)
-            if spark is None:
-                from sparkapply.apply.session import get_session
+    requests = CutRequests(config.work_dir)
+    holds: list[tuple[Path, Lsn, float]] = []  # (file, floor, when)
 
-                spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
-            ice = _mirror_side(config, catalog, spark, cut.tables, sources, shapes)
-            pg = future.result()
-        except BaseException:
-            if not future.done():
-                point.conn.cancel_safe()  # the query, or the pool would wait for it
-            raise
-        finally:
-            pool.shutdown(wait=True)
-        verdicts = []
-        for source in sources:
-            shape = shapes[source.key]
-            rows, digest = total(pg[source.key])
-            verdict = TableVerdict(
-                source.qualified,
-                ".".join(config.table_identifier(*source.key)),
-                cut.tables.get(source.qualified),
-                rows,
-                None,
-                digest,
-                None,
-            )
-            verdicts.append(verdict)
-            if source.key not in ice:
-                verdict.note = "not in the mirror at this cut"
-                continue
-            verdict.iceberg_rows, verdict.iceberg_hash = total(ice[source.key])
-            if verdict.iceberg_rows == rows and verdict.iceberg_hash == digest:
-                continue
-            wanted = _differing(pg[source.key], ice[source.key])
-            theirs = publisher_rows(point.conn, source, shape, wanted)
-            table = catalog.load_table(config.table_identifier(*source.key))
-            assert verdict.snapshot_id is not None
-            ours = mirror_rows(spark, table, verdict.snapshot_id, shape, frozenset(wanted))
-            verdict.differences = _differences(shape, theirs, ours, max_rows)
+    def hold(floor: Lsn) -> None:
+        # The live mirror, a moment behind, must not apply past the point before it
+        # knows it: it applies nothing above ``floor`` until the request is written.
+        holds.append((requests.hold(floor, HOLD_SECONDS), floor, time.monotonic()))
+        time.sleep(HOLD_SETTLE)
+
+    try:
+        with exact_point(config, before=hold) as point:
+            requests.add(point.lsn)
+            for path, floor, since in holds:
+                requests.release(path)
+                log.info(
+                    "the mirror was held above %s for %.2fs while the point was fixed",
+                    floor,
+                    time.monotonic() - since,
+                )
+            return _verify_at(config, only, timeout, max_rows, spark, catalog, point)
+    finally:
+        for path, _, _ in holds:
+            requests.release(path)
+
+
+def _verify_at(
+    config: Config,
+    only: list[tuple[str, str]] | None,
+    timeout: float,
+    max_rows: int,
+    spark: Any,
+    catalog: Catalog,
+    point: ExactPoint,
+) -> VerifyReport:
+    sources = describe_tables(point.conn, config.source.publication, only)
+    missing = sorted(set(only or ()) - {s.key for s in sources})
+    if missing:
+        raise ConfigError(
+            f"not published: {', '.join('.'.join(m) for m in missing)}",
+            key="--table",
+            hint="name tables of the publication, as schema.table",
+        )
+    shapes = {s.key: shape_of(s) for s in sources}
+    # The two sides at once: the server hashes its tables while the mirror's cut
+    # is awaited, Spark starts and its tasks hash the mirror's.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-publisher")
+    future = pool.submit(
+        lambda: {s.key: publisher_sums(point.conn, s, shapes[s.key]) for s in sources}
+    )
+    try:
+        log.info(
+            "verifying at %s: waiting up to %gs for the mirror's cut there", point.lsn, timeout
+        )
+        cut = wait_for_cut(config, point.lsn, timeout=timeout)
+        if spark is None:
+            from sparkapply.apply.session import get_session
+
+            spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
+        ice = _mirror_side(config, catalog, spark, cut.tables, sources, shapes)
+        pg = future.result()
+    except BaseException:
+        if not future.done():
+            point.conn.cancel_safe()  # the query, or the pool would wait for it
+        raise
+    finally:
+        pool.shutdown(wait=True)
+    verdicts = []
+    for source in sources:
+        shape = shapes[source.key]
+        rows, digest = total(pg[source.key])
+        verdict = TableVerdict(
+            source.qualified,
+            ".".join(config.table_identifier(*source.key)),
+            cut.tables.get(source.qualified),
+            rows,
+            None,
+            digest,
+            None,
+        )
+        verdicts.append(verdict)
+        if source.key not in ice:
+            verdict.note = "not in the mirror at this cut"
+            continue
+        verdict.iceberg_rows, verdict.iceberg_hash = total(ice[source.key])
+        if verdict.iceberg_rows == rows and verdict.iceberg_hash == digest:
+            continue
+        wanted = _differing(pg[source.key], ice[source.key])
+        theirs = publisher_rows(point.conn, source, shape, wanted)
+        table = catalog.load_table(config.table_identifier(*source.key))
+        assert verdict.snapshot_id is not None
+        ours = mirror_rows(spark, table, verdict.snapshot_id, shape, frozenset(wanted))
+        verdict.differences = _differences(shape, theirs, ours, max_rows)
     return VerifyReport(point.lsn, verdicts)
 
 

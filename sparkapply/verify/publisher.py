@@ -11,7 +11,7 @@ when ``verify`` is killed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +41,13 @@ class ExactPoint:
 
 
 @contextlib.contextmanager
-def exact_point(config: Config) -> Iterator[ExactPoint]:
-    """A connection reading the publisher exactly at a fresh slot's consistent point."""
+def exact_point(
+    config: Config, *, before: Callable[[Lsn], None] | None = None
+) -> Iterator[ExactPoint]:
+    """A connection reading the publisher exactly at a fresh slot's consistent point;
+    ``before`` is given the publisher's WAL position before the slot is created."""
     src = config.source
-    with temporary_snapshot(src, "verify", "verify") as (snapshot, point):
+    with temporary_snapshot(src, "verify", "verify", before=before) as (snapshot, point):
         conn = psycopg.connect(session_conninfo(src.dsn, application_name="sparkapply verify"))
         try:
             begin_at_snapshot(conn, snapshot)

@@ -52,6 +52,15 @@ def test_cut_request_names_sort_as_lsns() -> None:
         layout.cut_request_lsn("README")
 
 
+def test_a_hold_name_carries_its_floor_and_time_and_is_no_request() -> None:
+    name = layout.cut_hold_name(0x1_0000_0010, 1234.5, 77)
+    assert layout.cut_hold_of(name) == (0x1_0000_0010, 1234.5)
+    with pytest.raises(ValueError):
+        layout.cut_request_lsn(name)
+    assert layout.cut_hold_of("0000000000000010") is None
+    assert layout.cut_hold_of("hold-zz") is None
+
+
 def test_spool_bytes(tmp_path: Path) -> None:
     assert layout.spool_bytes(tmp_path) == 0  # no spool
     layout.spool_dir(tmp_path).mkdir()
