@@ -16,7 +16,7 @@ ACKNOWLEDGEMENT
 
 BATCHES
     When a batch is cut, what it acknowledges when it completes, and when the
-    subscriber is idle are :class:`~sparkapply.scheduler.BatchScheduler`'s (it also
+    subscriber is idle are :class:`~sparkapply.plan.scheduler.BatchScheduler`'s (it also
     drops a transaction ``sparkapply skip`` names). This module runs the loop around
     it: receive bursts, hand batches to the apply thread, send positions.
 
@@ -65,7 +65,7 @@ from sparkapply.maintain.background import BackgroundMaintenance
 from sparkapply.maintain.maintainer import Maintainer
 from sparkapply.metrics import Metrics
 from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
-from sparkapply.scheduler import Batch, BatchScheduler
+from sparkapply.plan.scheduler import Batch, BatchScheduler
 from sparkapply.sink.atomic import atomic_commits, commit_mode
 from sparkapply.sink.cuts import CutLog, cuts_identifier
 from sparkapply.source.connection import ReplicationConnection

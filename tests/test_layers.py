@@ -34,7 +34,6 @@ LAYERS: dict[str, int] = {
             "__main__",
             "cli",
             "subscriber",
-            "scheduler",
             "metrics",
             "status",
             "poison",

@@ -2,7 +2,7 @@
 
 The driver half of the apply. ORDERING
     The batch's transactions are in source commit order. Per table they form a chain
-    (see :mod:`sparkapply.plan.graph`); one Spark task folds a table's chain and writes
+    (planned by :mod:`sparkapply.plan.batch`); one Spark task folds a table's chain and writes
     its files (new row versions as data files, replaced rows as position deletes:
     merge-on-read); the driver stages one snapshot per table stamped with the commit
     LSN of the last transaction it contains, and the batch's cut (sink/cuts.py), and
@@ -32,7 +32,7 @@ from pyspark.sql import SparkSession
 from sparkapply import collector
 from sparkapply.apply.driver import run_tasks
 from sparkapply.apply.fold import TxnInput
-from sparkapply.apply.tasks import Identity, TableResult, TableTask
+from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.convert.schema import iceberg_schema_for, relation_identifier
 from sparkapply.errors import CommitOutcomeUnknownError, SparkapplyError
@@ -40,7 +40,14 @@ from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
-from sparkapply.plan.graph import lanes
+from sparkapply.plan.batch import (
+    TableIdent,
+    TablePlan,
+    full_identity,
+    identity_epochs,
+    plan_batch,
+    relation_versions,
+)
 from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.atomic import commit_together
 from sparkapply.sink.commit import StagedSnapshot, commit_staged, stage_files
@@ -63,8 +70,6 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
-
-TableIdent = tuple[str, str]
 
 
 @dataclass(slots=True)
@@ -134,70 +139,6 @@ class _StagedShare:
         result = TableResult(self.table, last_commit_lsn=last_commit_lsn, path="staged")
         self.add_to(result)
         return result
-
-
-def _full_identity(rel: m.Relation) -> m.Relation:
-    """REPLICA IDENTITY FULL flags every column as key; it has no key to index by."""
-    if rel.replica_identity != "f":
-        return rel
-    cols = tuple(m.RelationColumn(0, c.name, c.type_oid, c.type_modifier) for c in rel.columns)
-    return m.Relation(rel.xid, rel.relation_id, rel.namespace, rel.name, rel.replica_identity, cols)
-
-
-IdentityOf = tuple[bool, tuple[str, ...]]  # (REPLICA IDENTITY FULL, key column names)
-
-
-def identity_of(rel: m.Relation) -> IdentityOf:
-    """How a relation version's changes name their rows: by key columns, by whole
-    image (FULL), or not at all (no identity: insert-only)."""
-    if rel.replica_identity == "f":
-        return True, ()
-    return False, tuple(c.name for c in rel.columns if c.is_key)
-
-
-def identity_epochs(batch: Sequence[CommittedTxn]) -> list[Sequence[CommittedTxn]]:
-    """``batch`` cut before every transaction that brings a new replica identity for
-    a relation an earlier transaction of the same part used, so that within a part
-    every table's changes name their rows one way (PostgreSQL's subscriber, too,
-    applies each change by the identity of the relation version it came with).
-
-    A transaction that changes the identity while it writes to the table (DDL
-    between its changes) is the fold's to detect (see ``fold.py``)."""
-    parts: list[Sequence[CommittedTxn]] = []
-    start = 0
-    # The relation each id had last in this part: transactions share cache entries,
-    # so an identity is compared only when the entry is another object (per batch of
-    # 20,000 transactions on 4 tables: 63 ms -> a few).
-    seen: dict[int, m.Relation] = {}
-    for i, txn in enumerate(batch):
-        rels = (*txn.relations.values(), *txn.relation_messages)
-        if i > start and _changes_identity(seen, rels):
-            parts.append(batch[start:i])
-            start = i
-            seen = {}
-        for rel in rels:
-            seen[rel.relation_id] = rel
-    parts.append(batch[start:])
-    return parts
-
-
-def _changes_identity(seen: dict[int, m.Relation], rels: Sequence[m.Relation]) -> bool:
-    """Whether ``rels`` (in order) give a relation of ``seen`` another identity."""
-    last = dict(seen)
-    for rel in rels:
-        prev = last.get(rel.relation_id)
-        if prev is not None and prev is not rel and identity_of(prev) != identity_of(rel):
-            return True
-        last[rel.relation_id] = rel
-    return False
-
-
-def _identity_kind(identities: set[IdentityOf]) -> Identity:
-    """How the task names a table's rows, from the identities of its versions."""
-    if len(identities) > 1:
-        return "mixed"
-    ((full, key),) = identities
-    return "full" if full else "key" if key else "none"
 
 
 def _merged(a: BatchStats, b: BatchStats) -> BatchStats:
@@ -310,84 +251,30 @@ class Applier:
 
     def _apply_held(self, batch: Sequence[CommittedTxn]) -> BatchStats:
         stats = BatchStats(transactions=len(batch), started=time.monotonic())
-        # Relation versions in apply order, and which table each relation id is.
-        versions: dict[tuple[str, str], list[tuple[m.Relation, Lsn]]] = {}
-        relid_table: dict[int, tuple[str, str]] = {}
-        last_seen: dict[int, m.Relation] = {}  # the relation object each id had last
-        for txn in batch:
-            for rel in [*txn.relations.values(), *txn.relation_messages]:
-                if last_seen.get(rel.relation_id) is rel:
-                    continue  # the same cache entry as the previous transaction's
-                last_seen[rel.relation_id] = rel
-                ident = self.identifier(rel)
-                relid_table[rel.relation_id] = ident
-                seen = versions.setdefault(ident, [])
-                if (
-                    not seen
-                    or seen[-1][0].columns != rel.columns
-                    or (seen[-1][0].replica_identity != rel.replica_identity)
-                ):
-                    seen.append((rel, txn.commit_lsn))
-        names = {rid: ".".join(ident) for rid, ident in relid_table.items()}
-        table_lanes = lanes(batch, names.__getitem__)
-
+        versions = relation_versions(batch, self.identifier)
+        # Every table the batch names exists at its newest version, also one whose
+        # transactions are all applied already (the LSN it holds is read from it).
+        loaded = {ident: self._table(ident, rels) for ident, rels in versions.by_table.items()}
+        plan = plan_batch(batch, versions, self.applied)
+        stats.skipped = plan.skipped
         tasks: list[TableTask] = []
         planned: dict[str, tuple[Table, TableIdent, int | None]] = {}
         shares: dict[str, _StagedShare] = {}  # tables that use staged files
         direct: list[TableResult] = []  # tables whose changes were all staged
         used: set[str] = set()
-        for ident, rels in versions.items():
-            table = self._table(ident, rels)
-            applied = self.applied(ident)
-            name = ".".join(ident)
-            lane = table_lanes.get(name, [])
-            ordinals = [o for o in lane if batch[o].commit_lsn > applied]
-            stats.skipped += len(lane) - len(ordinals)
-            if not ordinals:
-                continue
-            relids = frozenset(rid for rid, t in relid_table.items() if t == ident)
-            insert_only = all(
-                batch[o].mutated_relation_ids is not None
-                and not relids.intersection(batch[o].mutated_relation_ids)  # type: ignore[arg-type]
-                for o in ordinals
-            )
-            latest = _full_identity(rels[-1][0])
-            key_names = tuple(c.name for c in latest.columns if c.is_key)
-            identity = _identity_kind({identity_of(r) for r, _ in rels})
-            data_files: list[DataFileInfo] = []
-            delete_files: list[DeleteFileInfo] = []
-            if not insert_only:
-                key_column = key_names[0] if len(key_names) == 1 else None
-                data_files, delete_files = self._files.listing(table, key_column)
-            staged = _StagedShare(name)
-            txns = tuple(
-                staged.input(o, batch[o], relids, table.schema().schema_id if insert_only else None)
-                for o in ordinals
-            )
-            planned[name] = (table, ident, current_snapshot_id(table))
+        for tp in plan.tables:
+            table = loaded[tp.ident]
+            planned[tp.name] = (table, tp.ident, current_snapshot_id(table))
+            staged = _StagedShare(tp.name)
+            schema_id = table.schema().schema_id if tp.insert_only else None
+            txns = tuple(staged.input(o, batch[o], tp.relation_ids, schema_id) for o in tp.ordinals)
             if staged.files:
                 used.update(staged.files)
-                shares[name] = staged
+                shares[tp.name] = staged
                 if not any(t.segments for t in txns):  # all of it staged: no task
                     direct.append(staged.result(max(t.commit_lsn for t in txns)))
                     continue
-            tasks.append(
-                TableTask(
-                    table=name,
-                    relation_ids=relids,
-                    keyed=identity == "key",
-                    key_names=key_names,
-                    identity=identity,
-                    txns=txns,
-                    schema=arrow_schema_of(table),
-                    data_files=tuple(data_files),
-                    delete_files=tuple(delete_files),
-                    data_dir=data_directory(table),
-                    proto_version=self.proto_version,
-                    streaming=self.streaming,
-                    insert_only=insert_only,
-                )
-            )
+            tasks.append(self._task(tp, table, txns))
         stats.tables = len(tasks) + len(direct)
         job_started = time.monotonic()
         stats.plan_seconds = job_started - stats.started
@@ -432,6 +319,27 @@ class Applier:
                 txn.staged.finish(used)
         stats.finished = time.monotonic()
         return stats
+
+    def _task(self, tp: TablePlan, table: Table, txns: tuple[TxnInput, ...]) -> TableTask:
+        data_files: list[DataFileInfo] = []
+        delete_files: list[DeleteFileInfo] = []
+        if not tp.insert_only:  # the task locates rows: it needs the live files
+            key_column = tp.key_names[0] if len(tp.key_names) == 1 else None
+            data_files, delete_files = self._files.listing(table, key_column)
+        return TableTask(
+            table=tp.name,
+            relation_ids=tp.relation_ids,
+            key_names=tp.key_names,
+            identity=tp.identity,
+            txns=txns,
+            schema=arrow_schema_of(table),
+            data_files=tuple(data_files),
+            delete_files=tuple(delete_files),
+            data_dir=data_directory(table),
+            proto_version=self.proto_version,
+            streaming=self.streaming,
+            insert_only=tp.insert_only,
+        )
 
     def _commit(
         self,
@@ -541,11 +449,11 @@ class Applier:
         self._known.add(ident)
         table = self._tables.get(ident)
         if table is None:
-            first = _full_identity(rels[0][0])
+            first = full_identity(rels[0][0])
             table = ensure_table(self.catalog, ident, iceberg_schema_for(first))
             if ident not in self._applied:
                 self._applied[ident] = applied_lsn(table) or Lsn(0)
         for rel, lsn in rels:
-            table = evolve_to(self.catalog, ident, table, _full_identity(rel), lsn=lsn)
+            table = evolve_to(self.catalog, ident, table, full_identity(rel), lsn=lsn)
         self._tables[ident] = table
         return table

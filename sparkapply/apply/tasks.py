@@ -17,36 +17,32 @@ Four paths, chosen per table and batch:
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import pyarrow as pa
 
 from sparkapply import collector
 from sparkapply.apply.effect import WriteResult, apply_delta, write_effect, write_full_effect
 from sparkapply.apply.fold import TxnInput, fold_table
-from sparkapply.apply.fullfold import fold_full
+from sparkapply.apply.fullfold import FullEffect, fold_full
 from sparkapply.apply.inserts import append_inserts
-from sparkapply.apply.keyfold import NeedsRowFold, fold_keyed
+from sparkapply.apply.keyfold import NeedsRowFold, NetEffect, fold_keyed
 from sparkapply.apply.writer import TableWriter
 from sparkapply.errors import InternalError, SparkapplyError
 from sparkapply.lsn import format_lsn
+from sparkapply.plan.batch import Identity
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo
-
-# How a table's changes name their rows in a batch: by key columns, by whole image
-# (FULL), not at all (no identity: inserts only), or several of these because the
-# identity changed inside a transaction (the row-wise fold's MIXED IDENTITIES).
-Identity = Literal["key", "full", "none", "mixed"]
 
 
 @dataclass(frozen=True, slots=True)
 class TableTask:
     table: str  # "namespace.table", for messages
     relation_ids: frozenset[int]
-    keyed: bool
     key_names: tuple[str, ...]
     txns: tuple[TxnInput, ...]
     schema: pa.Schema  # the Iceberg table's current schema, as Arrow
@@ -58,6 +54,10 @@ class TableTask:
     insert_only: bool = False  # no txn of the batch updates, deletes or truncates it
     partition: tuple[int, int] = (0, 1)  # (index, count): the keys this task owns
     identity: Identity = "key"
+
+    @property
+    def keyed(self) -> bool:
+        return self.identity == "key"
 
 
 @dataclass(slots=True)
@@ -129,96 +129,125 @@ def _run(task: TableTask, result: TableResult) -> None:
         result.timings["write"] = writer.seconds
 
 
+class FoldPath(enum.Enum):
+    """How a task turns its transactions into files, decided in one place
+    (:func:`choose_path`), as PostgreSQL's ``get_transaction_apply_action`` decides
+    how a transaction is applied."""
+
+    INSERT_ONLY = "insert-only"  # only inserts: decode straight into data files
+    KEYED = "keyed"  # net effect per key, vectorised (apply/keyfold.py)
+    FULL = "full"  # REPLICA IDENTITY FULL: net effect per row image (apply/fullfold.py)
+    ROW_WISE = "row-wise"  # change by change (apply/fold.py): what the others cannot net
+
+
+def choose_path(task: TableTask) -> FoldPath:
+    """The path a task takes first. A keyed or full fold that meets what it cannot
+    net (a key that moves and comes back, an identity that changes mid-transaction:
+    the fold raises :class:`NeedsRowFold` saying why) leaves it to the row-wise fold."""
+    if task.insert_only:
+        return FoldPath.INSERT_ONLY
+    if task.identity == "key":
+        return FoldPath.KEYED
+    if task.identity == "full":
+        return FoldPath.FULL
+    return FoldPath.ROW_WISE
+
+
 def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -> None:
     """The task's phases, timed: what is not the writer's own time in the second
     phase (``write_effect``, ``apply_delta``) is locating the rows it replaces."""
-    timings = result.timings
-    started = time.perf_counter()
     result.last_commit_lsn = max(t.commit_lsn for t in task.txns)
-    if task.insert_only:
-        written, n_changes = append_inserts(
-            task.relation_ids,
-            task.txns,
-            schema=task.schema,
+    path = choose_path(task)
+    started = time.perf_counter()
+    try:
+        _PATHS[path](task, result, writer, started)
+    except NeedsRowFold:
+        path = FoldPath.ROW_WISE
+        # Every partition finds the same: partition 0 folds the whole table (its
+        # fold time counts the attempt).
+        if task.partition[0] == 0:
+            _row_wise(task, result, writer, started)
+    result.path = path.value
+
+
+@contextlib.contextmanager
+def _locating(result: TableResult, writer: TableWriter, started: float) -> Iterator[None]:
+    """The phase after the fold: what is not the writer's time is locating rows."""
+    folded = time.perf_counter()
+    result.timings["fold"] = folded - started
+    yield
+    result.timings["locate"] = time.perf_counter() - folded - writer.seconds
+
+
+def _count(result: TableResult, effect: NetEffect | FullEffect) -> None:
+    result.n_changes = effect.n_changes
+    result.n_inserts = effect.n_inserts
+    result.n_updates = effect.n_updates
+    result.n_deletes = effect.n_deletes
+
+
+def _append(task: TableTask, result: TableResult, writer: TableWriter, started: float) -> None:
+    written, n_changes = append_inserts(
+        task.relation_ids,
+        task.txns,
+        schema=task.schema,
+        writer=writer,
+        proto_version=task.proto_version,
+        streaming=task.streaming,
+    )
+    result.timings["decode"] = time.perf_counter() - started - writer.seconds
+    result.take(written)
+    result.n_changes = result.n_inserts = n_changes
+
+
+def _keyed(task: TableTask, result: TableResult, writer: TableWriter, started: float) -> None:
+    effect = fold_keyed(
+        task.relation_ids,
+        task.txns,
+        schema=task.schema,
+        key_names=task.key_names,
+        proto_version=task.proto_version,
+        streaming=task.streaming,
+        table=task.table,
+        partition=task.partition,
+    )
+    with _locating(result, writer, started):
+        written = write_effect(
+            effect,
+            key_names=task.key_names,
+            data_files=task.data_files,
+            delete_files=task.delete_files,
             writer=writer,
-            proto_version=task.proto_version,
-            streaming=task.streaming,
         )
-        timings["decode"] = time.perf_counter() - started - writer.seconds
-        result.take(written)
-        result.n_changes = result.n_inserts = n_changes
-        result.path = "insert-only"
-        return
-    if task.keyed:
-        try:
-            effect = fold_keyed(
-                task.relation_ids,
-                task.txns,
-                schema=task.schema,
-                key_names=task.key_names,
-                proto_version=task.proto_version,
-                streaming=task.streaming,
-                table=task.table,
-                partition=task.partition,
-            )
-        except NeedsRowFold:
-            # Every partition finds the same: partition 0 folds the whole table.
-            if task.partition[0] != 0:
-                result.path = "row-wise"
-                return
-        else:
-            folded = time.perf_counter()
-            timings["fold"] = folded - started
-            result.take(
-                write_effect(
-                    effect,
-                    key_names=task.key_names,
-                    data_files=task.data_files,
-                    delete_files=task.delete_files,
-                    writer=writer,
-                )
-            )
-            timings["locate"] = time.perf_counter() - folded - writer.seconds
-            if task.partition[0] == 0:  # every partition decoded every change
-                result.n_changes = effect.n_changes
-                result.n_inserts = effect.n_inserts
-                result.n_updates = effect.n_updates
-                result.n_deletes = effect.n_deletes
-            result.truncated = effect.truncated
-            result.path = "keyed"
-            return
-    if task.identity == "full":
-        try:
-            full = fold_full(
-                task.relation_ids,
-                task.txns,
-                schema=task.schema,
-                proto_version=task.proto_version,
-                streaming=task.streaming,
-                table=task.table,
-            )
-        except NeedsRowFold:
-            pass
-        else:
-            folded = time.perf_counter()
-            timings["fold"] = folded - started
-            result.take(
-                write_full_effect(
-                    full,
-                    schema=task.schema,
-                    data_files=task.data_files,
-                    delete_files=task.delete_files,
-                    writer=writer,
-                )
-            )
-            timings["locate"] = time.perf_counter() - folded - writer.seconds
-            result.n_changes = full.n_changes
-            result.n_inserts = full.n_inserts
-            result.n_updates = full.n_updates
-            result.n_deletes = full.n_deletes
-            result.truncated = full.truncated
-            result.path = "full"
-            return
+    result.take(written)
+    if task.partition[0] == 0:  # every partition decoded every change
+        _count(result, effect)
+    result.truncated = effect.truncated
+
+
+def _full(task: TableTask, result: TableResult, writer: TableWriter, started: float) -> None:
+    full = fold_full(
+        task.relation_ids,
+        task.txns,
+        schema=task.schema,
+        proto_version=task.proto_version,
+        streaming=task.streaming,
+        table=task.table,
+    )
+    with _locating(result, writer, started):
+        written = write_full_effect(
+            full,
+            schema=task.schema,
+            data_files=task.data_files,
+            delete_files=task.delete_files,
+            writer=writer,
+        )
+    result.take(written)
+    _count(result, full)
+    result.truncated = full.truncated
+
+
+def _row_wise(task: TableTask, result: TableResult, writer: TableWriter, started: float) -> None:
     delta = fold_table(
         task.relation_ids,
         task.keyed,
@@ -228,10 +257,8 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
         table=task.table,
         mixed=task.identity == "mixed",
     )
-    folded = time.perf_counter()
-    timings["fold"] = folded - started  # with a keyed attempt that needed this fold
-    result.take(
-        apply_delta(
+    with _locating(result, writer, started):
+        written = apply_delta(
             delta,
             schema=task.schema,
             key_names=task.key_names,
@@ -239,8 +266,14 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
             delete_files=task.delete_files,
             writer=writer,
         )
-    )
-    timings["locate"] = time.perf_counter() - folded - writer.seconds
+    result.take(written)
     result.n_changes = delta.n_changes
     result.truncated = delta.truncated
-    result.path = "row-wise"
+
+
+_PATHS: dict[FoldPath, Callable[[TableTask, TableResult, TableWriter, float], None]] = {
+    FoldPath.INSERT_ONLY: _append,
+    FoldPath.KEYED: _keyed,
+    FoldPath.FULL: _full,
+    FoldPath.ROW_WISE: _row_wise,
+}

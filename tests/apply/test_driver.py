@@ -21,7 +21,7 @@ def task(nbytes: int, *, keyed: bool = True, insert_only: bool = False) -> Table
     return TableTask(
         table="public.t",
         relation_ids=frozenset({1}),
-        keyed=keyed,
+        identity="key" if keyed else "none",
         key_names=("id",) if keyed else (),
         txns=(TxnInput(0, 1, 10, (seg,), ()),),
         schema=pa.schema([pa.field("id", pa.int64())]),

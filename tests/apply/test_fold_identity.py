@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkapply.apply.batch import identity_epochs
 from sparkapply.apply.fold import TxnInput, fold_table
 from sparkapply.changes.spool import SpoolSegment, SpoolWriter
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.errors import ApplyError
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
+from sparkapply.plan.batch import identity_epochs
 from tests.plan.test_graph import txn
 
 
@@ -112,7 +112,6 @@ def test_a_bug_in_a_task_names_table_and_lsns_and_offers_no_skip(tmp_path: Path)
     task = TableTask(
         table="public.t",
         relation_ids=frozenset({7}),
-        keyed=True,
         key_names=("a",),
         txns=(txn,),
         schema=pa.schema([pa.field("b", pa.int32())]),

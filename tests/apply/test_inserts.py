@@ -101,7 +101,6 @@ def test_the_task_times_its_phases(tmp_path: Path) -> None:
     task = TableTask(
         table="public.t",
         relation_ids=frozenset({7}),
-        keyed=True,
         key_names=("id",),
         txns=(spool(tmp_path),),
         schema=SCHEMA,

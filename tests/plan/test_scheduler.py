@@ -11,7 +11,7 @@ from sparkapply.changes.skip import SkipStore
 from sparkapply.config import ApplyConfig
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
-from sparkapply.scheduler import BatchScheduler
+from sparkapply.plan.scheduler import BatchScheduler
 from tests.changes.test_assembler import Feed, rel, row
 
 

@@ -1,0 +1,82 @@
+"""The fold path is chosen in one place (``choose_path``), and a vectorised fold that
+cannot net what it meets hands the task to the row-wise fold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkapply.apply.tasks import FoldPath, TableTask, choose_path, run_table_task
+from sparkapply.pgoutput import messages as m
+from sparkapply.plan.batch import Identity
+from tests.apply.test_fold_identity import spool
+
+
+def task(
+    tmp_path: Path, *, identity: Identity = "key", insert_only: bool = False, **kw: object
+) -> TableTask:
+    fields = {
+        "txns": (),
+        "key_names": ("a",),
+        "schema": pa.schema([pa.field("a", pa.int32()), pa.field("b", pa.int32())]),
+    }
+    fields.update(kw)
+    return TableTask(
+        table="public.t",
+        relation_ids=frozenset({7}),
+        data_files=(),
+        delete_files=(),
+        data_dir=str(tmp_path / "d"),
+        proto_version=4,
+        streaming="parallel",
+        identity=identity,
+        insert_only=insert_only,
+        **fields,
+    )
+
+
+@pytest.mark.parametrize(
+    ("identity", "insert_only", "path"),
+    [
+        ("key", True, FoldPath.INSERT_ONLY),
+        ("none", True, FoldPath.INSERT_ONLY),
+        ("key", False, FoldPath.KEYED),
+        ("full", False, FoldPath.FULL),
+        ("mixed", False, FoldPath.ROW_WISE),
+        ("none", False, FoldPath.ROW_WISE),
+    ],
+)
+def test_one_function_chooses_the_path(
+    tmp_path: Path, identity: Identity, insert_only: bool, path: FoldPath
+) -> None:
+    assert choose_path(task(tmp_path, identity=identity, insert_only=insert_only)) is path
+
+
+def test_what_the_keyed_fold_cannot_net_is_applied_row_wise(tmp_path: Path) -> None:
+    """An array key: the keyed fold says it cannot, the row-wise fold applies it."""
+    cols = (m.RelationColumn(1, "a", 1007, -1), m.RelationColumn(0, "b", 23, -1))
+    rel = m.Relation(None, 7, "public", "t", "d", cols)
+
+    def row(a: str, b: int) -> m.TupleData:
+        return m.TupleData(b"tt", (a.encode(), str(b).encode()))
+
+    txn = spool(
+        tmp_path,
+        rel,
+        m.Insert(None, 7, row("{1,2}", 1)),
+        m.Insert(None, 7, row("{3}", 2)),
+        m.Update(None, 7, None, None, row("{3}", 5)),
+    )
+    schema = pa.schema([pa.field("a", pa.list_(pa.int32())), pa.field("b", pa.int32())])
+    t = task(tmp_path, txns=(txn,), schema=schema)
+    assert choose_path(t) is FoldPath.KEYED
+    result = run_table_task(t)
+    assert result.error is None
+    assert result.path == "row-wise"
+    assert result.n_changes == 3
+    rows = pa.concat_tables([pq.read_table(p) for p in result.added]).to_pylist()
+    assert sorted(rows, key=lambda r: r["b"]) == [{"a": [1, 2], "b": 1}, {"a": [3], "b": 5}]
+    assert {"fold", "locate", "write"} <= set(result.timings)
