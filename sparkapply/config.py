@@ -72,6 +72,10 @@ class ApplyConfig:
     # hash partitions), at most max_tasks_per_table (0: Spark's default parallelism).
     split_bytes: int = 16 * 1024 * 1024
     max_tasks_per_table: int = 0
+    # A batch whose tasks read at most driver_fold_bytes of spool in all is folded on
+    # the driver, in this process, not as a Spark job: a job costs a tenth of a second
+    # or more however small it is (0: always a Spark job). See apply/driver.py.
+    driver_fold_bytes: int = 2 * 1024 * 1024
     # A streamed transaction is staged by Spark tasks while it arrives, a piece of at
     # least stage_bytes at a time (0: never), with at most stage_inflight_bytes of
     # pieces in flight (see apply/stager.py).
@@ -154,6 +158,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "batch_linger": (int, float),
         "split_bytes": int,
         "max_tasks_per_table": int,
+        "driver_fold_bytes": int,
         "stage_bytes": int,
         "stage_inflight_bytes": int,
     },
@@ -347,11 +352,10 @@ def _build(raw: Mapping[str, Any]) -> Config:
                 "apply.max_tasks_per_table must be 0 (Spark's parallelism) or more",
                 key="apply.max_tasks_per_table",
             )
-        if key == "stage_bytes" and value < 0:
-            raise ConfigError(
-                "apply.stage_bytes must be 0 (no staging) or more", key="apply.stage_bytes"
-            )
-        if value <= 0 and key not in ("batch_linger", "max_tasks_per_table", "stage_bytes"):
+        if key in ("stage_bytes", "driver_fold_bytes") and value < 0:
+            raise ConfigError(f"apply.{key} must be 0 (never) or more", key=f"apply.{key}")
+        zero_allowed = ("batch_linger", "max_tasks_per_table", "stage_bytes", "driver_fold_bytes")
+        if value <= 0 and key not in zero_allowed:
             raise ConfigError(f"apply.{key} must be positive", key=f"apply.{key}")
     apply = ApplyConfig(**apply_raw)
     metrics_raw = dict(raw.get("metrics", {}))

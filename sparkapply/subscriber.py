@@ -258,6 +258,7 @@ class Subscriber:
                 free_expired_files=cfg.maintenance.enabled,
                 split_bytes=cfg.apply.split_bytes,
                 max_tasks_per_table=cfg.apply.max_tasks_per_table,
+                driver_fold_bytes=cfg.apply.driver_fold_bytes,
                 atomic=cfg.sink.atomic_commit and atomic_commits(catalog),
                 cuts=cuts,
             )
@@ -401,7 +402,7 @@ class Subscriber:
             self.on_batch(stats)
         log.info(
             "applied %d transactions (%d changes%s) to %d tables in %.2fs; flushed to %s "
-            "(plan %.3fs, job %.3fs, commit %.3fs)",
+            "(plan %.3fs, %s %.3fs, commit %.3fs)",
             len(batch),
             stats.changes,
             f", {stats.staged_rows} rows staged while they arrived" if stats.staged_rows else "",
@@ -409,6 +410,7 @@ class Subscriber:
             seconds,
             flushed,
             stats.plan_seconds,
+            "job" if any(r.tasks for r in stats.results) else "driver_fold",
             stats.job_seconds,
             stats.commit_seconds,
         )

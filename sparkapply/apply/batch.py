@@ -171,6 +171,7 @@ class Applier:
         retain_snapshots: int = 100,
         split_bytes: int = 16 * 1024 * 1024,
         max_tasks_per_table: int = 0,
+        driver_fold_bytes: int = 0,
         free_expired_files: bool = False,
         locks: TableLocks | None = None,
         atomic: bool = False,
@@ -194,6 +195,7 @@ class Applier:
         # snapshots referenced (otherwise they wait for the orphan sweep's grace).
         self.free_expired_files = free_expired_files
         self.max_tasks_per_table = max_tasks_per_table
+        self.driver_fold_bytes = driver_fold_bytes
         self.atomic = atomic  # one catalog transaction per batch (sink/atomic.py)
         self.cuts = cuts  # each batch records a cut (sink/cuts.py)
         # Where the expiry below runs instead of on this thread (maintenance beside the
@@ -283,6 +285,7 @@ class Applier:
             tasks,
             split_bytes=self.split_bytes,
             max_tasks_per_table=self.max_tasks_per_table,
+            driver_fold_bytes=self.driver_fold_bytes,
         )
         stats.job_seconds = time.monotonic() - job_started
         for r in results:

@@ -3,6 +3,15 @@
 A table whose batch is big is folded by several tasks, one per key-hash partition
 (see ``keyfold.py``, MANY TASKS PER TABLE); their files are merged back into one
 result per table, which the driver commits as one snapshot.
+
+SMALL BATCHES
+    A Spark job costs a tenth to a fifth of a second however small its tasks (the
+    job's scheduling, each task's trip to a Python worker and back): under a steady
+    stream of small transactions that was most of a batch's time, and so of the
+    mirror's staleness. A batch whose tasks read at most ``driver_fold_bytes`` of
+    spool in all is folded here, in the driver's process, one task after another, by
+    the same code the executors run; it writes a few small files, beside the
+    manifests and metadata the driver writes anyway.
 """
 
 from __future__ import annotations
@@ -57,17 +66,26 @@ def merge_results(results: Sequence[TableResult]) -> list[TableResult]:
     return list(merged.values())
 
 
+def _on_driver(task: TableTask) -> TableResult:
+    result = run_table_task(dataclasses.replace(task, txns=tuple(coalesced(task.txns))))
+    result.tasks = 0  # no Spark task
+    return result
+
+
 def run_tasks(
     spark: SparkSession,
     tasks: Sequence[TableTask],
     *,
     split_bytes: int = 16 * 1024 * 1024,
     max_tasks_per_table: int = 0,
+    driver_fold_bytes: int = 0,
 ) -> list[TableResult]:
     """One job, one partition per (table, key partition) task, biggest first (they
-    bound the job)."""
+    bound the job); or, for a small batch, each task here (see SMALL BATCHES)."""
     if not tasks:
         return []
+    if sum(task_bytes(t) for t in tasks) <= driver_fold_bytes:
+        return [_on_driver(t) for t in tasks]
     parallelism = spark.sparkContext.defaultParallelism
     expanded: list[TableTask] = []
     for task in tasks:

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkapply.apply.file_cache import read_columns
 from sparkapply.apply.keys import canonical_keys, comparable
-from sparkapply.apply.writer import read_parquet
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo
 
@@ -132,7 +132,7 @@ class DeletedPositions:
             i = bisect.bisect_left(wanted, d.lower_path)
             if i >= len(wanted) or wanted[i] > d.upper_path:
                 continue  # names no file this task reads
-            t = read_parquet(d.path, ["file_path", "pos"])
+            t = read_columns(d.path, ["file_path", "pos"])
             t = t.filter(pc.is_in(t.column("file_path"), value_set=value_set))
             if t.num_rows == 0:
                 continue
@@ -159,7 +159,7 @@ def live_rows(
     candidates = [f for f in data_files if prune(f)]
     deleted = DeletedPositions(delete_files, [f.path for f in candidates])
     for f in candidates:
-        t = read_parquet(f.path, columns)
+        t = read_columns(f.path, columns)
         live = np.ones(t.num_rows, bool)
         gone = deleted.of(f.path)
         if len(gone):

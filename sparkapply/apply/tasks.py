@@ -17,17 +17,16 @@ Four paths, chosen per table and batch:
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from sparkapply import collector
 from sparkapply.apply.effect import WriteResult, apply_delta, write_effect, write_full_effect
-from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.fold import TableDelta, TxnInput, fold_table
 from sparkapply.apply.fullfold import FullEffect, fold_full
 from sparkapply.apply.inserts import append_inserts
 from sparkapply.apply.keyfold import NeedsRowFold, NetEffect, fold_keyed
@@ -76,7 +75,7 @@ class TableResult:
     last_commit_lsn: int = 0
     path: str = ""  # which path applied it: insert-only, keyed, row-wise
     partition: int = 0
-    tasks: int = 1  # tasks that folded the table (key-hash partitions)
+    tasks: int = 1  # Spark tasks that folded the table (key-hash partitions; 0: the driver)
     seconds: float = 0.0
     # Seconds by phase, disjoint: "decode" (insert-only: spool read, decode, Arrow) or
     # "fold" (spool read, decode, net effect per key); "locate" (finding the replaced
@@ -154,126 +153,104 @@ def choose_path(task: TableTask) -> FoldPath:
 
 
 def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -> None:
-    """The task's phases, timed: what is not the writer's own time in the second
-    phase (``write_effect``, ``apply_delta``) is locating the rows it replaces."""
+    """The task's phases, timed: the fold ("decode" for the insert-only path, which
+    writes as it decodes), then writing its effect; what is not the writer's own
+    time in that second phase is locating the rows it replaces."""
     result.last_commit_lsn = max(t.commit_lsn for t in task.txns)
     path = choose_path(task)
     started = time.perf_counter()
+    if path is FoldPath.INSERT_ONLY:
+        written, n_changes = append_inserts(
+            task.relation_ids,
+            task.txns,
+            schema=task.schema,
+            writer=writer,
+            proto_version=task.proto_version,
+            streaming=task.streaming,
+        )
+        result.timings["decode"] = time.perf_counter() - started - writer.seconds
+        result.take(written)
+        result.n_changes = result.n_inserts = n_changes
+        result.path = path.value
+        return
     try:
-        _PATHS[path](task, result, writer, started)
+        effect = _fold(path, task)
     except NeedsRowFold:
         path = FoldPath.ROW_WISE
         # Every partition finds the same: partition 0 folds the whole table (its
         # fold time counts the attempt).
-        if task.partition[0] == 0:
-            _row_wise(task, result, writer, started)
+        if task.partition[0] != 0:
+            result.path = path.value
+            return
+        effect = _fold(path, task)
+    folded = time.perf_counter()
+    result.timings["fold"] = folded - started
+    result.take(_write(effect, task, writer))
+    result.timings["locate"] = time.perf_counter() - folded - writer.seconds
+    if task.partition[0] == 0:  # every partition decoded every change
+        result.n_changes = effect.n_changes
+        if not isinstance(effect, TableDelta):
+            result.n_inserts = effect.n_inserts
+            result.n_updates = effect.n_updates
+            result.n_deletes = effect.n_deletes
+    result.truncated = effect.truncated
     result.path = path.value
 
 
-@contextlib.contextmanager
-def _locating(result: TableResult, writer: TableWriter, started: float) -> Iterator[None]:
-    """The phase after the fold: what is not the writer's time is locating rows."""
-    folded = time.perf_counter()
-    result.timings["fold"] = folded - started
-    yield
-    result.timings["locate"] = time.perf_counter() - folded - writer.seconds
-
-
-def _count(result: TableResult, effect: NetEffect | FullEffect) -> None:
-    result.n_changes = effect.n_changes
-    result.n_inserts = effect.n_inserts
-    result.n_updates = effect.n_updates
-    result.n_deletes = effect.n_deletes
-
-
-def _append(task: TableTask, result: TableResult, writer: TableWriter, started: float) -> None:
-    written, n_changes = append_inserts(
-        task.relation_ids,
-        task.txns,
-        schema=task.schema,
-        writer=writer,
-        proto_version=task.proto_version,
-        streaming=task.streaming,
-    )
-    result.timings["decode"] = time.perf_counter() - started - writer.seconds
-    result.take(written)
-    result.n_changes = result.n_inserts = n_changes
-
-
-def _keyed(task: TableTask, result: TableResult, writer: TableWriter, started: float) -> None:
-    effect = fold_keyed(
-        task.relation_ids,
-        task.txns,
-        schema=task.schema,
-        key_names=task.key_names,
-        proto_version=task.proto_version,
-        streaming=task.streaming,
-        table=task.table,
-        partition=task.partition,
-    )
-    with _locating(result, writer, started):
-        written = write_effect(
-            effect,
-            key_names=task.key_names,
-            data_files=task.data_files,
-            delete_files=task.delete_files,
-            writer=writer,
-        )
-    result.take(written)
-    if task.partition[0] == 0:  # every partition decoded every change
-        _count(result, effect)
-    result.truncated = effect.truncated
-
-
-def _full(task: TableTask, result: TableResult, writer: TableWriter, started: float) -> None:
-    full = fold_full(
-        task.relation_ids,
-        task.txns,
-        schema=task.schema,
-        proto_version=task.proto_version,
-        streaming=task.streaming,
-        table=task.table,
-    )
-    with _locating(result, writer, started):
-        written = write_full_effect(
-            full,
+def _fold(path: FoldPath, task: TableTask) -> NetEffect | FullEffect | TableDelta:
+    """The net effect of the task's transactions on its table (its part of the keys)."""
+    rids, txns, proto, streaming = task.relation_ids, task.txns, task.proto_version, task.streaming
+    if path is FoldPath.KEYED:
+        return fold_keyed(
+            rids,
+            txns,
             schema=task.schema,
-            data_files=task.data_files,
-            delete_files=task.delete_files,
-            writer=writer,
+            key_names=task.key_names,
+            proto_version=proto,
+            streaming=streaming,
+            table=task.table,
+            partition=task.partition,
         )
-    result.take(written)
-    _count(result, full)
-    result.truncated = full.truncated
-
-
-def _row_wise(task: TableTask, result: TableResult, writer: TableWriter, started: float) -> None:
-    delta = fold_table(
-        task.relation_ids,
+    if path is FoldPath.FULL:
+        return fold_full(
+            rids,
+            txns,
+            schema=task.schema,
+            proto_version=proto,
+            streaming=streaming,
+            table=task.table,
+        )
+    mixed = task.identity == "mixed"
+    return fold_table(
+        rids,
         task.keyed,
-        task.txns,
-        proto_version=task.proto_version,
-        streaming=task.streaming,
+        txns,
+        proto_version=proto,
+        streaming=streaming,
         table=task.table,
-        mixed=task.identity == "mixed",
+        mixed=mixed,
     )
-    with _locating(result, writer, started):
-        written = apply_delta(
-            delta,
-            schema=task.schema,
-            key_names=task.key_names,
-            data_files=task.data_files,
-            delete_files=task.delete_files,
-            writer=writer,
+
+
+def _write(
+    effect: NetEffect | FullEffect | TableDelta, task: TableTask, writer: TableWriter
+) -> WriteResult:
+    """New row versions as data files, the rows they replace as position deletes."""
+    live, deletes = task.data_files, task.delete_files
+    if isinstance(effect, NetEffect):
+        return write_effect(
+            effect, key_names=task.key_names, data_files=live, delete_files=deletes, writer=writer
         )
-    result.take(written)
-    result.n_changes = delta.n_changes
-    result.truncated = delta.truncated
-
-
-_PATHS: dict[FoldPath, Callable[[TableTask, TableResult, TableWriter, float], None]] = {
-    FoldPath.INSERT_ONLY: _append,
-    FoldPath.KEYED: _keyed,
-    FoldPath.FULL: _full,
-    FoldPath.ROW_WISE: _row_wise,
-}
+    if isinstance(effect, FullEffect):
+        return write_full_effect(
+            effect, schema=task.schema, data_files=live, delete_files=deletes, writer=writer
+        )
+    keys = task.key_names
+    return apply_delta(
+        effect,
+        schema=task.schema,
+        key_names=keys,
+        data_files=live,
+        delete_files=deletes,
+        writer=writer,
+    )

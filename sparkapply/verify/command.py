@@ -15,11 +15,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,7 +170,8 @@ def run_verify(
     only = [_split(t) for t in tables] or None
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            report = _verify_once(config, only, timeout, max_rows, spark, catalog)
+            with _requested_point(config) as point:
+                report = _compare(config, only, timeout, max_rows, spark, catalog, point)
             bad = [t.table for t in report.tables if not t.match]
             record_verify(config.work_dir, lsn=str(report.lsn), match=report.match, differing=bad)
             return report
@@ -180,20 +182,15 @@ def run_verify(
     raise AssertionError("unreachable")
 
 
-def _verify_once(
-    config: Config,
-    only: list[tuple[str, str]] | None,
-    timeout: float,
-    max_rows: int,
-    spark: Any,
-    catalog: Catalog,
-) -> VerifyReport:
+@contextlib.contextmanager
+def _requested_point(config: Config) -> Iterator[ExactPoint]:
+    """An exact point on the publisher, whose cut is asked of the mirror before it can
+    pass it: a hold at the publisher's position while the slot becomes consistent
+    (see :mod:`sparkapply.changes.cut_requests`), then the request at the point."""
     requests = CutRequests(config.work_dir)
     holds: list[tuple[Path, Lsn, float]] = []  # (file, floor, when)
 
     def hold(floor: Lsn) -> None:
-        # The live mirror, a moment behind, must not apply past the point before it
-        # knows it: it applies nothing above ``floor`` until the request is written.
         holds.append((requests.hold(floor, HOLD_SECONDS), floor, time.monotonic()))
         time.sleep(HOLD_SETTLE)
 
@@ -207,13 +204,13 @@ def _verify_once(
                     floor,
                     time.monotonic() - since,
                 )
-            return _verify_at(config, only, timeout, max_rows, spark, catalog, point)
+            yield point
     finally:
         for path, _, _ in holds:
             requests.release(path)
 
 
-def _verify_at(
+def _compare(
     config: Config,
     only: list[tuple[str, str]] | None,
     timeout: float,

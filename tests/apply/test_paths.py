@@ -80,3 +80,28 @@ def test_what_the_keyed_fold_cannot_net_is_applied_row_wise(tmp_path: Path) -> N
     rows = pa.concat_tables([pq.read_table(p) for p in result.added]).to_pylist()
     assert sorted(rows, key=lambda r: r["b"]) == [{"a": [1, 2], "b": 1}, {"a": [3], "b": 5}]
     assert {"fold", "locate", "write"} <= set(result.timings)
+
+
+def test_a_small_batch_is_folded_on_the_driver_and_a_bigger_one_is_not(tmp_path: Path) -> None:
+    """Under ``driver_fold_bytes`` of spool in all, the tasks run here, one after
+    another, with the executors' code: no Spark job (the session is not touched)."""
+    from sparkapply.apply.driver import run_tasks, task_bytes
+
+    txn = spool(
+        tmp_path,
+        m.Relation(None, 7, "public", "t", "d", (m.RelationColumn(1, "a", 23, -1),)),
+        m.Insert(None, 7, m.TupleData(b"t", (b"5",))),
+    )
+    schema = pa.schema([pa.field("a", pa.int32())])
+    t = task(tmp_path, txns=(txn,), schema=schema, insert_only=True)
+    (result,) = run_tasks(None, [t], driver_fold_bytes=task_bytes(t))  # type: ignore[arg-type]
+    assert result.error is None and result.tasks == 0 and result.path == "insert-only"
+    assert pa.concat_tables([pq.read_table(p) for p in result.added]).to_pylist() == [{"a": 5}]
+
+    class NoSpark:  # a bigger batch is a Spark job
+        @property
+        def sparkContext(self) -> object:
+            raise RuntimeError("a Spark job")
+
+    with pytest.raises(RuntimeError, match="a Spark job"):
+        run_tasks(NoSpark(), [t], driver_fold_bytes=task_bytes(t) - 1)  # type: ignore[arg-type]

@@ -183,7 +183,8 @@ def _write_config(path: Path, mirror: Mirror, master: str) -> Path:
         # The executors run this tree's sparkapply, as the driver does (on a real
         # cluster: the same version installed on every worker).
         f'"spark.executorEnv.PYTHONPATH" = "{REPO}"\n'
-        "[apply]\nbatch_linger = 0.1\n"
+        # Every batch a Spark job, small ones too: the apply runs in the executor.
+        "[apply]\nbatch_linger = 0.1\ndriver_fold_bytes = 0\n"
     )
     return path
 

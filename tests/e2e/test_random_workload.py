@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from sparkapply.apply.batch import BatchStats
 from tests.conftest import PgServer
 from tests.mirror import Mirror, normalize
 from tests.readers import READERS, Readers
@@ -145,13 +146,20 @@ def assert_readers_equal_postgres(mirror: Mirror, readers: Readers, table: str) 
         assert left == right, f"{table}: {reader} reads differ from PostgreSQL"
 
 
-@pytest.mark.parametrize(("seed", "mode"), [(11, "maintain"), (29, "split"), (47, "stage")])
+@pytest.mark.parametrize(
+    ("seed", "mode"), [(11, "maintain"), (29, "split"), (47, "stage"), (53, "spark")]
+)
 def test_random_workload_is_mirrored_after_every_round(
     mirror: Mirror, pg_server: PgServer, seed: int, mode: str
 ) -> None:
     split = mode == "split"
     if split:  # every keyed table's batch folded by three key-hash partition tasks
-        apply = dataclasses.replace(mirror.config.apply, split_bytes=1, max_tasks_per_table=3)
+        apply = dataclasses.replace(
+            mirror.config.apply, split_bytes=1, max_tasks_per_table=3, driver_fold_bytes=0
+        )
+        mirror.config = dataclasses.replace(mirror.config, apply=apply)
+    elif mode == "spark":  # small batches too as Spark jobs (they fold on the driver)
+        apply = dataclasses.replace(mirror.config.apply, driver_fold_bytes=0)
         mirror.config = dataclasses.replace(mirror.config, apply=apply)
     elif mode == "stage":  # every change streamed, and staged in pieces of 2 kB
         pg_server.set_streaming("immediate")
@@ -168,20 +176,30 @@ def test_random_workload_is_mirrored_after_every_round(
         )
         mirror.config = dataclasses.replace(mirror.config, maintenance=maintenance)
     try:
-        _rounds(mirror, seed, split=split, maintain=mode == "maintain")
+        tasks = _rounds(mirror, seed, split=split, maintain=mode == "maintain")
     finally:
         pg_server.set_streaming("buffered")
+    # Spark tasks per table and batch: none where the driver folded a small batch.
+    if mode in ("split", "spark"):
+        assert tasks and min(tasks) >= 1
+    else:
+        assert 0 in tasks
 
 
-def _rounds(mirror: Mirror, seed: int, *, split: bool, maintain: bool) -> None:
+def _rounds(mirror: Mirror, seed: int, *, split: bool, maintain: bool) -> list[int]:
     rnd = random.Random(seed)
     mirror.sql(*SETUP)
     mirror.run()
     staged = 0
+    tasks: list[int] = []
+
+    def count(stats: BatchStats) -> None:
+        tasks.extend(r.tasks for r in stats.results if r.path != "staged")
+
     for round_no in range(6):
         keys = {t: {int(r[0]) for r in mirror.pg_rows(f"public.{t}")[1]} for t in ("kv", "acct")}
         execute(mirror, rnd, round_sql(rnd, keys, round_no))
-        staged += mirror.run().staged_rows
+        staged += mirror.run(on_batch=count).staged_rows
         with Readers() as readers:
             mirror.assert_mirrored("public.kv", "public.acct", "public.dup", readers=readers)
             for table in ("public.kv", "public.acct", "public.dup"):
@@ -195,3 +213,4 @@ def _rounds(mirror: Mirror, seed: int, *, split: bool, maintain: bool) -> None:
     else:  # compaction ran in the loop and folded the deletes back
         assert any(s.operation.value == "replace" for s in summaries)
         assert len(table.metadata.snapshots) <= 4
+    return tasks
