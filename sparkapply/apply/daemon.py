@@ -7,6 +7,9 @@ locate, pyarrow's compute and Parquet, networkx: 0.3-0.5 s, measured as the gap
 between a batch's Spark job in the product and in-process). Imported here once, every
 forked worker inherits them, so no batch pays them, whatever the pause before it.
 
+One tiny task is run here too (``warm.py``): what pyarrow and numpy set up on first
+use, every worker then inherits done.
+
 Then they are frozen out of the garbage collector's sight (``gc.freeze``). PySpark's
 daemon runs a full ``gc.collect()`` in the worker after every task, and a full
 collection walks every tracked object: with the apply's modules imported that cost
@@ -17,6 +20,7 @@ workers, so their pages stay shared with the daemon.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import networkx  # noqa: F401
@@ -25,7 +29,10 @@ import pyarrow.parquet  # noqa: F401
 from pyspark import daemon
 
 import sparkapply.apply.tasks  # noqa: F401
+from sparkapply.apply.warm import warm_up
 
+with contextlib.suppress(Exception):  # only a head start: a worker does without
+    warm_up()
 gc.collect()
 gc.freeze()
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkapply.apply.tasks import FoldPath, TableTask, choose_path, run_table_task
+from sparkapply.apply.tasks import FoldPath, TableResult, TableTask, choose_path, run_table_task
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.batch import Identity
 from tests.apply.test_fold_identity import spool
@@ -105,3 +105,21 @@ def test_a_small_batch_is_folded_on_the_driver_and_a_bigger_one_is_not(tmp_path:
 
     with pytest.raises(RuntimeError, match="a Spark job"):
         run_tasks(NoSpark(), [t], driver_fold_bytes=task_bytes(t) - 1)  # type: ignore[arg-type]
+
+
+def test_the_daemons_warm_up_runs_both_paths_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker daemon runs it before forking: a failure there would only cost the
+    head start, so it must not fail silently in the tests."""
+    from sparkapply.apply import warm
+
+    seen: list[TableResult] = []
+
+    def spy(task: TableTask) -> TableResult:
+        seen.append(run_table_task(task))
+        return seen[-1]
+
+    monkeypatch.setattr(warm, "run_table_task", spy)
+    warm.warm_up()
+    assert [r.path for r in seen] == ["keyed", "insert-only"]
+    assert all(r.error is None for r in seen)
+    assert seen[1].rows_written == 1
