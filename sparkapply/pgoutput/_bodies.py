@@ -6,6 +6,7 @@ import struct
 from typing import Literal
 
 from sparkapply.errors import ProtocolError
+from sparkapply.pgoutput import messages
 from sparkapply.pgoutput._tuples import (
     _columns,
     _read_tuple,
@@ -28,32 +29,6 @@ from sparkapply.pgoutput._wire import (
     _stream_prefix,
     tag_name,
 )
-from sparkapply.pgoutput.messages import (
-    TUPLE_KEY,
-    TUPLE_NEW,
-    TUPLE_OLD,
-    Begin,
-    BeginPrepare,
-    Commit,
-    CommitPrepared,
-    Delete,
-    Insert,
-    LogicalMessage,
-    Origin,
-    Prepare,
-    Relation,
-    RelationColumn,
-    RollbackPrepared,
-    StreamAbort,
-    StreamCommit,
-    StreamPrepare,
-    StreamStart,
-    StreamStop,
-    Truncate,
-    TupleData,
-    Type,
-    Update,
-)
 
 # ---------------------------------------------------------------------------------
 # Change messages
@@ -65,7 +40,7 @@ _STREAMED_INSERT_FIELDS = _Fields(
 _REL_MARKER_FIELDS = _Fields(("relation_id", "I"), ("tuple marker", "B"))
 
 
-def _insert(streamed: bool, buf: Buffer) -> Insert:
+def _insert(streamed: bool, buf: Buffer) -> messages.Insert:
     xid: int | None
     try:
         if streamed:
@@ -76,7 +51,7 @@ def _insert(streamed: bool, buf: Buffer) -> Insert:
     except struct.error:
         raise (_STREAMED_INSERT_FIELDS if streamed else _INSERT_FIELDS).truncated(buf, 1) from None
     o = 12 if streamed else 8
-    if marker != TUPLE_NEW:
+    if marker != messages.TUPLE_NEW:
         raise _bad_marker(buf, o - 3, "'N'")
     if type(buf) is bytes:
         end = len(buf)
@@ -89,14 +64,14 @@ def _insert(streamed: bool, buf: Buffer) -> Insert:
     return _new_insert(xid, relid, new)
 
 
-def _update(streamed: bool, buf: Buffer) -> Update:
+def _update(streamed: bool, buf: Buffer) -> messages.Update:
     xid, o = _stream_prefix(streamed, buf)
     relid, marker = _REL_MARKER_FIELDS.read(buf, o)
     o += 5
     old_kind: Literal["K", "O"] | None = None
-    old: TupleData | None = None
-    if marker in (TUPLE_KEY, TUPLE_OLD):
-        old_kind = "K" if marker == TUPLE_KEY else "O"
+    old: messages.TupleData | None = None
+    if marker in (messages.TUPLE_KEY, messages.TUPLE_OLD):
+        old_kind = "K" if marker == messages.TUPLE_KEY else "O"
         old, o = _tuple_at(buf, o, "old tuple")
         if o >= len(buf):
             raise _error(
@@ -106,24 +81,24 @@ def _update(streamed: bool, buf: Buffer) -> Update:
             )
         marker = buf[o]
         o += 1
-        if marker != TUPLE_NEW:
+        if marker != messages.TUPLE_NEW:
             raise _bad_marker(buf, o - 1, "'N'")
-    elif marker != TUPLE_NEW:
+    elif marker != messages.TUPLE_NEW:
         raise _bad_marker(buf, o - 1, "'K', 'O' or 'N'")
     new, o = _tuple_at(buf, o, "new tuple")
     _expect_end(buf, o)
     return _new_update(xid, relid, old_kind, old, new)
 
 
-def _delete(streamed: bool, buf: Buffer) -> Delete:
+def _delete(streamed: bool, buf: Buffer) -> messages.Delete:
     xid, o = _stream_prefix(streamed, buf)
     relid, marker = _REL_MARKER_FIELDS.read(buf, o)
     o += 5
-    if marker != TUPLE_KEY and marker != TUPLE_OLD:
+    if marker != messages.TUPLE_KEY and marker != messages.TUPLE_OLD:
         raise _bad_marker(buf, o - 1, "'K' or 'O'")
     old, o = _tuple_at(buf, o, "old tuple")
     _expect_end(buf, o)
-    return _new_delete(xid, relid, "K" if marker == TUPLE_KEY else "O", old)
+    return _new_delete(xid, relid, "K" if marker == messages.TUPLE_KEY else "O", old)
 
 
 def _bad_marker(buf: Buffer, o: int, expected: str) -> ProtocolError:
@@ -137,7 +112,7 @@ def _bad_marker(buf: Buffer, o: int, expected: str) -> ProtocolError:
 _TRUNCATE_FIELDS = _Fields(("relation count", "I"), ("options", "B"))
 
 
-def _truncate(streamed: bool, buf: Buffer) -> Truncate:
+def _truncate(streamed: bool, buf: Buffer) -> messages.Truncate:
     xid, o = _stream_prefix(streamed, buf)
     count, options = _TRUNCATE_FIELDS.read(buf, o)
     o += 5
@@ -153,7 +128,7 @@ def _truncate(streamed: bool, buf: Buffer) -> Truncate:
         )
     _expect_end(buf, need)
     relation_ids = struct.unpack_from(f">{count}I", buf, o)
-    return Truncate(xid, options, relation_ids)
+    return messages.Truncate(xid, options, relation_ids)
 
 
 _RELATION_TAIL = _Fields(("replica identity", "B"), ("column count", "H"))
@@ -163,7 +138,7 @@ _OID = _Fields(("relation_id", "I"))
 _TYPE_OID = _Fields(("type_oid", "I"))
 
 
-def _relation(streamed: bool, buf: Buffer) -> Relation:
+def _relation(streamed: bool, buf: Buffer) -> messages.Relation:
     xid, o = _stream_prefix(streamed, buf)
     (relid,) = _OID.read(buf, o)
     namespace, o = _read_string(buf, o + 4, "namespace")
@@ -184,25 +159,25 @@ def _relation(streamed: bool, buf: Buffer) -> Relation:
         col_name, o = _read_string(buf, o + 1, f"{where} name")
         type_oid, typmod = _COLUMN_TYPE.read(buf, o, where)
         o += 8
-        columns.append(RelationColumn(flags, col_name, type_oid, typmod))
+        columns.append(messages.RelationColumn(flags, col_name, type_oid, typmod))
     _expect_end(buf, o)
-    return Relation(xid, relid, namespace, name, chr(replident), tuple(columns))
+    return messages.Relation(xid, relid, namespace, name, chr(replident), tuple(columns))
 
 
-def _type(streamed: bool, buf: Buffer) -> Type:
+def _type(streamed: bool, buf: Buffer) -> messages.Type:
     xid, o = _stream_prefix(streamed, buf)
     (type_oid,) = _TYPE_OID.read(buf, o)
     namespace, o = _read_string(buf, o + 4, "namespace")
     name, o = _read_string(buf, o, "name")
     _expect_end(buf, o)
-    return Type(xid, type_oid, namespace, name)
+    return messages.Type(xid, type_oid, namespace, name)
 
 
 _MESSAGE_HEAD = _Fields(("flags", "B"), ("lsn", "Q"))
 _CONTENT_LENGTH = _Fields(("content length", "i"))
 
 
-def _message(streamed: bool, buf: Buffer) -> LogicalMessage:
+def _message(streamed: bool, buf: Buffer) -> messages.LogicalMessage:
     xid, o = _stream_prefix(streamed, buf)
     flags, lsn = _MESSAGE_HEAD.read(buf, o)
     prefix, o = _read_string(buf, o + 9, "prefix")
@@ -219,7 +194,7 @@ def _message(streamed: bool, buf: Buffer) -> LogicalMessage:
         )
     content = bytes(buf[o : o + n])
     _expect_end(buf, o + n)
-    return LogicalMessage(xid, flags, lsn, prefix, content)
+    return messages.LogicalMessage(xid, flags, lsn, prefix, content)
 
 
 # ---------------------------------------------------------------------------------
@@ -230,24 +205,24 @@ _COMMIT = _Fields(("flags", "B"), ("commit_lsn", "Q"), ("end_lsn", "Q"), ("commi
 _ORIGIN = _Fields(("commit_lsn", "Q"))
 
 
-def _begin(buf: Buffer) -> Begin:
+def _begin(buf: Buffer) -> messages.Begin:
     final_lsn, commit_time, xid = _BEGIN.read(buf, 1)
     _expect_end(buf, 1 + _BEGIN.size)
-    return Begin(final_lsn, commit_time, xid)
+    return messages.Begin(final_lsn, commit_time, xid)
 
 
-def _commit(buf: Buffer) -> Commit:
+def _commit(buf: Buffer) -> messages.Commit:
     flags, commit_lsn, end_lsn, commit_time = _COMMIT.read(buf, 1)
     _expect_end(buf, 1 + _COMMIT.size)
     _expect_zero_flags(buf, flags, 1)
-    return Commit(flags, commit_lsn, end_lsn, commit_time)
+    return messages.Commit(flags, commit_lsn, end_lsn, commit_time)
 
 
-def _origin(buf: Buffer) -> Origin:
+def _origin(buf: Buffer) -> messages.Origin:
     (commit_lsn,) = _ORIGIN.read(buf, 1)
     name, o = _read_string(buf, 9, "name")
     _expect_end(buf, o)
-    return Origin(commit_lsn, name)
+    return messages.Origin(commit_lsn, name)
 
 
 _STREAM_START = _Fields(("xid", "I"), ("first_segment", "B"))
@@ -258,36 +233,36 @@ _STREAM_ABORT = _Fields(("xid", "I"), ("subxid", "I"))
 _STREAM_ABORT_INFO = _Fields(("xid", "I"), ("subxid", "I"), ("abort_lsn", "Q"), ("abort_time", "q"))
 
 
-def _stream_start(buf: Buffer) -> StreamStart:
+def _stream_start(buf: Buffer) -> messages.StreamStart:
     xid, first = _STREAM_START.read(buf, 1)
     _expect_end(buf, 1 + _STREAM_START.size)
     if first > 1:
         raise _error(buf, f"bad first_segment {first} in Stream Start message (expected 0 or 1)", 5)
-    return StreamStart(xid, first == 1)
+    return messages.StreamStart(xid, first == 1)
 
 
-def _stream_stop(buf: Buffer) -> StreamStop:
+def _stream_stop(buf: Buffer) -> messages.StreamStop:
     _expect_end(buf, 1)
-    return StreamStop()
+    return messages.StreamStop()
 
 
-def _stream_commit(buf: Buffer) -> StreamCommit:
+def _stream_commit(buf: Buffer) -> messages.StreamCommit:
     xid, flags, commit_lsn, end_lsn, commit_time = _STREAM_COMMIT.read(buf, 1)
     _expect_end(buf, 1 + _STREAM_COMMIT.size)
     _expect_zero_flags(buf, flags, 5)
-    return StreamCommit(xid, flags, commit_lsn, end_lsn, commit_time)
+    return messages.StreamCommit(xid, flags, commit_lsn, end_lsn, commit_time)
 
 
-def _stream_abort(buf: Buffer) -> StreamAbort:
+def _stream_abort(buf: Buffer) -> messages.StreamAbort:
     xid, subxid = _STREAM_ABORT.read(buf, 1)
     _expect_end(buf, 1 + _STREAM_ABORT.size)
-    return StreamAbort(xid, subxid)
+    return messages.StreamAbort(xid, subxid)
 
 
-def _stream_abort_info(buf: Buffer) -> StreamAbort:
+def _stream_abort_info(buf: Buffer) -> messages.StreamAbort:
     xid, subxid, abort_lsn, abort_time = _STREAM_ABORT_INFO.read(buf, 1)
     _expect_end(buf, 1 + _STREAM_ABORT_INFO.size)
-    return StreamAbort(xid, subxid, abort_lsn, abort_time)
+    return messages.StreamAbort(xid, subxid, abort_lsn, abort_time)
 
 
 _BEGIN_PREPARE = _Fields(
@@ -305,17 +280,17 @@ _ROLLBACK_PREPARED = _Fields(
 )
 
 
-def _begin_prepare(buf: Buffer) -> BeginPrepare:
+def _begin_prepare(buf: Buffer) -> messages.BeginPrepare:
     prepare_lsn, end_lsn, prepare_time, xid = _BEGIN_PREPARE.read(buf, 1)
     gid, o = _read_string(buf, 1 + _BEGIN_PREPARE.size, "gid")
     _expect_end(buf, o)
-    return BeginPrepare(prepare_lsn, end_lsn, prepare_time, xid, gid)
+    return messages.BeginPrepare(prepare_lsn, end_lsn, prepare_time, xid, gid)
 
 
-_PreparedCls = type[Prepare] | type[CommitPrepared] | type[StreamPrepare]
+_PreparedCls = type[messages.Prepare] | type[messages.CommitPrepared] | type[messages.StreamPrepare]
 
 
-def _prepare_like(cls: _PreparedCls, buf: Buffer) -> Prepare | CommitPrepared | StreamPrepare:
+def _prepare_like(cls: _PreparedCls, buf: Buffer) -> messages.PrepareLike:
     flags, lsn, end_lsn, time, xid = _PREPARE_LIKE.read(buf, 1)
     gid, o = _read_string(buf, 1 + _PREPARE_LIKE.size, "gid")
     _expect_end(buf, o)
@@ -323,13 +298,13 @@ def _prepare_like(cls: _PreparedCls, buf: Buffer) -> Prepare | CommitPrepared | 
     return cls(flags, lsn, end_lsn, time, xid, gid)
 
 
-def _rollback_prepared(buf: Buffer) -> RollbackPrepared:
+def _rollback_prepared(buf: Buffer) -> messages.RollbackPrepared:
     flags, prepare_end_lsn, rollback_end_lsn, prepare_time, rollback_time, xid = (
         _ROLLBACK_PREPARED.read(buf, 1)
     )
     gid, o = _read_string(buf, 1 + _ROLLBACK_PREPARED.size, "gid")
     _expect_end(buf, o)
     _expect_zero_flags(buf, flags, 1)
-    return RollbackPrepared(
+    return messages.RollbackPrepared(
         flags, prepare_end_lsn, rollback_end_lsn, prepare_time, rollback_time, xid, gid
     )

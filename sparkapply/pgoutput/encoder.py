@@ -14,39 +14,12 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from sparkapply.pgoutput import messages
 from sparkapply.pgoutput._wire import (
     _check_proto_version,
     _negotiated,
     _normalize_streaming,
     _requirement,
-)
-from sparkapply.pgoutput.messages import (
-    KIND_BINARY,
-    KIND_NULL,
-    KIND_TEXT,
-    KIND_UNCHANGED,
-    UNCHANGED,
-    Begin,
-    BeginPrepare,
-    Commit,
-    CommitPrepared,
-    Delete,
-    Insert,
-    LogicalMessage,
-    Message,
-    Origin,
-    Prepare,
-    Relation,
-    RollbackPrepared,
-    StreamAbort,
-    StreamCommit,
-    StreamPrepare,
-    StreamStart,
-    StreamStop,
-    Truncate,
-    TupleData,
-    Type,
-    Update,
 )
 
 __all__ = ["encode", "encode_tuple"]
@@ -67,22 +40,22 @@ def _xid(xid: int | None) -> bytes:
     return b"" if xid is None else _XID.pack(xid)
 
 
-def encode_tuple(row: TupleData) -> bytes:
+def encode_tuple(row: messages.TupleData) -> bytes:
     """TupleData wire bytes: Int16 column count, then kind (+ Int32 length + bytes)."""
     if len(row.kinds) != len(row.values):
         raise ValueError(f"{len(row.kinds)} kinds but {len(row.values)} values")
     parts = [_U16.pack(len(row.kinds))]
     for i, (kind, value) in enumerate(zip(row.kinds, row.values, strict=True)):
-        if kind in (KIND_TEXT, KIND_BINARY):
-            if value is None or value is UNCHANGED:
+        if kind in (messages.KIND_TEXT, messages.KIND_BINARY):
+            if value is None or value is messages.UNCHANGED:
                 raise ValueError(f"column {i}: kind {chr(kind)!r} needs a value")
             parts.append(bytes((kind,)) + _I32.pack(len(value)) + bytes(value))
-        elif kind == KIND_NULL:
+        elif kind == messages.KIND_NULL:
             if value is not None:
                 raise ValueError(f"column {i}: kind 'n' carries no value (None)")
             parts.append(bytes((kind,)))
-        elif kind == KIND_UNCHANGED:
-            if value is not UNCHANGED:
+        elif kind == messages.KIND_UNCHANGED:
+            if value is not messages.UNCHANGED:
                 raise ValueError(f"column {i}: kind 'u' carries no value (UNCHANGED)")
             parts.append(bytes((kind,)))
         else:
@@ -90,19 +63,19 @@ def encode_tuple(row: TupleData) -> bytes:
     return b"".join(parts)
 
 
-def _begin(m: Begin) -> bytes:
+def _begin(m: messages.Begin) -> bytes:
     return b"B" + struct.pack(">QqI", m.final_lsn, m.commit_time, m.xid)
 
 
-def _commit(m: Commit) -> bytes:
+def _commit(m: messages.Commit) -> bytes:
     return b"C" + struct.pack(">BQQq", m.flags, m.commit_lsn, m.end_lsn, m.commit_time)
 
 
-def _origin(m: Origin) -> bytes:
+def _origin(m: messages.Origin) -> bytes:
     return b"O" + struct.pack(">Q", m.commit_lsn) + _string(m.name)
 
 
-def _relation(m: Relation) -> bytes:
+def _relation(m: messages.Relation) -> bytes:
     if len(m.replica_identity) != 1:
         raise ValueError(f"replica_identity must be one character: {m.replica_identity!r}")
     parts = [
@@ -122,17 +95,17 @@ def _relation(m: Relation) -> bytes:
     return b"".join(parts)
 
 
-def _type(m: Type) -> bytes:
+def _type(m: messages.Type) -> bytes:
     return (
         b"Y" + _xid(m.xid) + struct.pack(">I", m.type_oid) + _string(m.namespace) + _string(m.name)
     )
 
 
-def _insert(m: Insert) -> bytes:
+def _insert(m: messages.Insert) -> bytes:
     return b"I" + _xid(m.xid) + struct.pack(">I", m.relation_id) + b"N" + encode_tuple(m.new)
 
 
-def _update(m: Update) -> bytes:
+def _update(m: messages.Update) -> bytes:
     head = b"U" + _xid(m.xid) + struct.pack(">I", m.relation_id)
     if m.old_kind is None and m.old is None:
         return head + b"N" + encode_tuple(m.new)
@@ -141,19 +114,19 @@ def _update(m: Update) -> bytes:
     return head + m.old_kind.encode() + encode_tuple(m.old) + b"N" + encode_tuple(m.new)
 
 
-def _delete(m: Delete) -> bytes:
+def _delete(m: messages.Delete) -> bytes:
     if m.old_kind not in ("K", "O"):
         raise ValueError(f"old_kind must be 'K' or 'O', not {m.old_kind!r}")
     head = b"D" + _xid(m.xid) + struct.pack(">I", m.relation_id)
     return head + m.old_kind.encode() + encode_tuple(m.old)
 
 
-def _truncate(m: Truncate) -> bytes:
+def _truncate(m: messages.Truncate) -> bytes:
     n = len(m.relation_ids)
     return b"T" + _xid(m.xid) + struct.pack(f">IB{n}I", n, m.options, *m.relation_ids)
 
 
-def _message(m: LogicalMessage) -> bytes:
+def _message(m: messages.LogicalMessage) -> bytes:
     return (
         b"M"
         + _xid(m.xid)
@@ -164,19 +137,19 @@ def _message(m: LogicalMessage) -> bytes:
     )
 
 
-def _stream_start(m: StreamStart) -> bytes:
+def _stream_start(m: messages.StreamStart) -> bytes:
     return b"S" + struct.pack(">IB", m.xid, 1 if m.first_segment else 0)
 
 
-def _stream_stop(m: StreamStop) -> bytes:
+def _stream_stop(m: messages.StreamStop) -> bytes:
     return b"E"
 
 
-def _stream_commit(m: StreamCommit) -> bytes:
+def _stream_commit(m: messages.StreamCommit) -> bytes:
     return b"c" + struct.pack(">IBQQq", m.xid, m.flags, m.commit_lsn, m.end_lsn, m.commit_time)
 
 
-def _stream_abort(m: StreamAbort) -> bytes:
+def _stream_abort(m: messages.StreamAbort) -> bytes:
     if (m.abort_lsn is None) != (m.abort_time is None):
         raise ValueError("abort_lsn and abort_time must be both set or both None")
     body = struct.pack(">II", m.xid, m.subxid)
@@ -185,14 +158,18 @@ def _stream_abort(m: StreamAbort) -> bytes:
     return b"A" + body
 
 
-def _begin_prepare(m: BeginPrepare) -> bytes:
+def _begin_prepare(m: messages.BeginPrepare) -> bytes:
     fixed = struct.pack(">QQqI", m.prepare_lsn, m.end_lsn, m.prepare_time, m.xid)
     return b"b" + fixed + _string(m.gid)
 
 
-def _prepare_like(tag: bytes) -> Callable[[Prepare | CommitPrepared | StreamPrepare], bytes]:
-    def encode_prepare_like(m: Prepare | CommitPrepared | StreamPrepare) -> bytes:
-        if isinstance(m, CommitPrepared):
+def _prepare_like(
+    tag: bytes,
+) -> Callable[[messages.PrepareLike], bytes]:
+    def encode_prepare_like(
+        m: messages.PrepareLike,
+    ) -> bytes:
+        if isinstance(m, messages.CommitPrepared):
             lsn, end_lsn, time = m.commit_lsn, m.end_lsn, m.commit_time
         else:
             lsn, end_lsn, time = m.prepare_lsn, m.end_lsn, m.prepare_time
@@ -201,7 +178,7 @@ def _prepare_like(tag: bytes) -> Callable[[Prepare | CommitPrepared | StreamPrep
     return encode_prepare_like
 
 
-def _rollback_prepared(m: RollbackPrepared) -> bytes:
+def _rollback_prepared(m: messages.RollbackPrepared) -> bytes:
     fixed = struct.pack(
         ">BQQqqI",
         m.flags,
@@ -215,30 +192,30 @@ def _rollback_prepared(m: RollbackPrepared) -> bytes:
 
 
 _ENCODERS: dict[type[Any], tuple[int, Callable[[Any], bytes]]] = {
-    Begin: (ord("B"), _begin),
-    Commit: (ord("C"), _commit),
-    Origin: (ord("O"), _origin),
-    Relation: (ord("R"), _relation),
-    Type: (ord("Y"), _type),
-    Insert: (ord("I"), _insert),
-    Update: (ord("U"), _update),
-    Delete: (ord("D"), _delete),
-    Truncate: (ord("T"), _truncate),
-    LogicalMessage: (ord("M"), _message),
-    StreamStart: (ord("S"), _stream_start),
-    StreamStop: (ord("E"), _stream_stop),
-    StreamCommit: (ord("c"), _stream_commit),
-    StreamAbort: (ord("A"), _stream_abort),
-    BeginPrepare: (ord("b"), _begin_prepare),
-    Prepare: (ord("P"), _prepare_like(b"P")),
-    CommitPrepared: (ord("K"), _prepare_like(b"K")),
-    RollbackPrepared: (ord("r"), _rollback_prepared),
-    StreamPrepare: (ord("p"), _prepare_like(b"p")),
+    messages.Begin: (ord("B"), _begin),
+    messages.Commit: (ord("C"), _commit),
+    messages.Origin: (ord("O"), _origin),
+    messages.Relation: (ord("R"), _relation),
+    messages.Type: (ord("Y"), _type),
+    messages.Insert: (ord("I"), _insert),
+    messages.Update: (ord("U"), _update),
+    messages.Delete: (ord("D"), _delete),
+    messages.Truncate: (ord("T"), _truncate),
+    messages.LogicalMessage: (ord("M"), _message),
+    messages.StreamStart: (ord("S"), _stream_start),
+    messages.StreamStop: (ord("E"), _stream_stop),
+    messages.StreamCommit: (ord("c"), _stream_commit),
+    messages.StreamAbort: (ord("A"), _stream_abort),
+    messages.BeginPrepare: (ord("b"), _begin_prepare),
+    messages.Prepare: (ord("P"), _prepare_like(b"P")),
+    messages.CommitPrepared: (ord("K"), _prepare_like(b"K")),
+    messages.RollbackPrepared: (ord("r"), _rollback_prepared),
+    messages.StreamPrepare: (ord("p"), _prepare_like(b"p")),
 }
 
 
 def encode(
-    message: Message, *, proto_version: int = 4, streaming: str | bool = "parallel"
+    message: messages.Message, *, proto_version: int = 4, streaming: str | bool = "parallel"
 ) -> bytes:
     """The wire bytes of one pgoutput message, as a walsender with this negotiation sends.
 

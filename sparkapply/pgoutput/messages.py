@@ -288,3 +288,5 @@ Message = (
 )
 
 ChangeMessage = Insert | Update | Delete | Truncate
+# PREPARE, COMMIT PREPARED and STREAM PREPARE share one body layout.
+PrepareLike = Prepare | CommitPrepared | StreamPrepare
