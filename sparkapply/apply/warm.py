@@ -1,11 +1,11 @@
 """One tiny table task, run where workers are forked from, before they are.
 
 A Python worker's first task pays for more than imports: pyarrow's compute kernels,
-the Parquet writer and numpy's code paths set themselves up on first use. Folded on
-the driver, a steady stream of small batches no longer runs a Spark job for minutes,
-and the first big batch after it paid that set-up in its job (0.1 s on a 200,000-row
-batch). ``daemon.py`` runs :func:`warm_up` once before it forks, so every worker
-starts with it done.
+the Parquet writer and numpy's code paths set themselves up on first use. When small
+batches fold on the driver (``[apply] driver_fold_bytes``), a steady stream of them
+runs no Spark job for minutes, and the first big batch after it paid that set-up in
+its job (0.1 s on a 200,000-row batch). ``daemon.py`` runs :func:`warm_up` once
+before it forks, so every worker starts with it done.
 """
 
 from __future__ import annotations
