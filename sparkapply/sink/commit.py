@@ -109,7 +109,7 @@ from sparkapply.errors import (
     SinkError,
 )
 from sparkapply.lsn import Lsn
-from sparkapply.sink.files import live_data_files
+from sparkapply.sink.files import delete_paths, live_data_files
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
 from sparkapply.sink.rowdelta import (
     DeleteFileInfo,
@@ -365,11 +365,7 @@ def _prepare_failed(exc: Exception, name: str, lsn: Lsn) -> SinkError:
 
 
 def delete_quietly(table: Table, paths: Sequence[str]) -> None:
-    for path in paths:
-        try:
-            table.io.delete(path)
-        except OSError as exc:  # an orphan wastes space; it is never read
-            logger.debug("cannot remove %s: %s", path, exc)
+    delete_paths(table.io, paths)
 
 
 def _stage(

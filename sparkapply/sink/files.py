@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pyiceberg.conversions import from_bytes
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.types import PrimitiveType
@@ -262,17 +263,24 @@ def remove_orphans(table: Table, paths: Iterable[str]) -> list[str]:
         ) from exc
     live_now = live_files(table)
     live = {*live_now.data, *(f.file_path for f in live_now.deletes)}
-    removed: list[str] = []
     for path in wanted:
         if path in live:
             logger.warning("not removing %s: the table references it", path)
-            continue
+    return delete_paths(table.io, [p for p in wanted if p not in live])
+
+
+def delete_paths(io: FileIO, paths: Iterable[str]) -> list[str]:
+    """Delete ``paths`` through ``io``: the one way the sink deletes files. Returns
+    those gone (a file already missing counts). A failure is logged, not raised: a
+    leftover file wastes space, and nothing references it, so it is never read."""
+    gone: list[str] = []
+    for path in paths:
         try:
-            table.io.delete(path)
+            io.delete(path)
         except FileNotFoundError:
             pass
         except OSError as exc:
-            logger.warning("cannot remove orphaned data file %s: %s", path, exc)
+            logger.warning("cannot delete %s: %s", path, exc)
             continue
-        removed.append(path)
-    return removed
+        gone.append(path)
+    return gone

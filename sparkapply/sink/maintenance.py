@@ -59,6 +59,7 @@ from pyiceberg.table.metadata import TableMetadata
 
 from sparkapply.errors import SinkArgumentError, SinkError
 from sparkapply.failpoints import failpoint
+from sparkapply.sink.files import delete_paths
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -372,11 +373,4 @@ def _key(path: str) -> str:
 
 
 def _delete(io: FileIO, path: str) -> bool:
-    try:
-        io.delete(path)
-    except FileNotFoundError:
-        return True
-    except OSError as exc:  # a leftover wastes space; it is never read
-        logger.warning("cannot delete %s: %s", path, exc)
-        return False
-    return True
+    return bool(delete_paths(io, [path]))

@@ -70,6 +70,7 @@ from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSn
 from pyiceberg.utils.concurrent import ExecutorFactory
 
 from sparkapply.errors import CommitConflictError, SinkError
+from sparkapply.sink.files import delete_paths
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
 from sparkapply.sink.rowdelta import DeleteFileInfo, DeleteManifestWriter, position_delete_file
 from sparkapply.sink.tables import table_name
@@ -196,7 +197,7 @@ def commit_rewrite(
         ) as manifest_list:
             manifest_list.add_manifests(manifests)
     except Exception as exc:
-        _delete_quietly(table, written)
+        delete_paths(table.io, written)
         raise SinkError(
             f"cannot prepare the rewrite: {type(exc).__name__}: {exc}",
             table=name,
@@ -224,7 +225,7 @@ def commit_rewrite(
     try:
         response = table.catalog.commit_table(table, requirements, updates)
     except CommitFailedException as exc:
-        _delete_quietly(table, written)
+        delete_paths(table.io, written)
         raise CommitConflictError(
             f"the table changed under the rewrite: {exc}",
             table=name,
@@ -275,11 +276,3 @@ def _describe(table: Table, paths: Sequence[str]) -> list[DataFile]:
             raise SinkError("not a data file", table=table_name(table), file=path)
         out.append(data_file)
     return out
-
-
-def _delete_quietly(table: Table, paths: Sequence[str]) -> None:
-    for path in paths:
-        try:
-            table.io.delete(path)
-        except OSError as exc:  # an orphan wastes space; it is never read
-            logger.debug("cannot remove %s: %s", path, exc)
