@@ -116,13 +116,10 @@ class BatchScheduler:
     def cut(self) -> Batch | None:
         if self._running is not None or self._stopping:
             return None
-        requested = self._requested()
-        held = self._cut_requests.held() if self._cut_requests is not None else None
-        servable = requested is not None and (held is None or requested <= held)
-        if servable and requested is not None and self._at_request(requested):
+        requested, through = self._bounds()
+        if requested is not None and self._at_request(requested):
             self._running = Batch((), self._clock(), requested=requested)
             return self._running
-        through = min((x for x in (requested, held) if x is not None), default=None)
         backlog = self._assembler.backlog()
         if not backlog.transactions:
             return None
@@ -159,6 +156,15 @@ class BatchScheduler:
             return None
         pending = self._cut_requests.pending()
         return pending[0] if pending else None
+
+    def _bounds(self) -> tuple[Lsn | None, Lsn | None]:
+        """The requested cut to record once reached, and the highest commit LSN a
+        batch may take: a batch spans neither a requested cut nor a hold's floor, and
+        a request above a hold waits for it to go."""
+        requested = self._requested()
+        held = self._cut_requests.held() if self._cut_requests is not None else None
+        through = min((x for x in (requested, held) if x is not None), default=None)
+        return (requested if requested == through else None), through
 
     def _at_request(self, lsn: Lsn) -> bool:
         """Every transaction at or below ``lsn`` is applied and none above it: the next
