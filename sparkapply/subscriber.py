@@ -47,8 +47,6 @@ import psycopg
 
 from sparkapply import collector
 from sparkapply.apply.batch import Applier, BatchStats
-from sparkapply.apply.staged_files import sweep_staged
-from sparkapply.apply.stager import Stager
 from sparkapply.apply.tasks import internal_error
 from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.cut_requests import CutRequests
@@ -72,6 +70,8 @@ from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
 from sparkapply.source.publisher import PublishedTable, check_publisher, ensure_slot
 from sparkapply.source.stream import ReplicationStream
+from sparkapply.staging.records import sweep_staged
+from sparkapply.staging.stager import Stager
 from sparkapply.state.layout import prepared_dir
 
 if TYPE_CHECKING:

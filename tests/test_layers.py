@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("source", "convert", "state"), 2),
     "changes": 3,
     "plan": 4,
-    "apply": 5,
+    **dict.fromkeys(("apply", "staging"), 5),
     "sink": 6,
     **dict.fromkeys(
         (
@@ -55,6 +55,9 @@ KNOWN_CLIMBS = {
     # DeleteFileInfo). To go: the commit moves above apply, the file descriptions
     # below it (issue 19's sink contract).
     ("apply", "sink"),
+    # staging/ reads the arrow schema and the data directory from the sink, and sweeps
+    # with its file listing. To go with the file descriptions, below apply.
+    ("staging", "sink"),
 }
 
 
@@ -113,6 +116,6 @@ def test_the_reader_sees_imports_that_climb(tmp_path: Path) -> None:
         "from sparkapply import lsn\n"
         "import sparkapply.pgoutput.messages\n"
         "if TYPE_CHECKING:\n"
-        "    from sparkapply.apply.stager import StagedWork\n"
+        "    from sparkapply.apply.tasks import TableTask\n"
     )
     assert _imports(sample) == {"lsn", "pgoutput", "apply"}

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 from pyspark.sql import SparkSession
 
 from sparkapply import collector
-from sparkapply.apply.driver import run_tasks
-from sparkapply.apply.fold import TxnInput
+from sparkapply.apply.fold.rowwise import TxnInput
+from sparkapply.apply.job import run_tasks
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.convert.schema import iceberg_schema_for, relation_identifier

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from sparkapply import collector
-from sparkapply.apply.effect import WriteResult, apply_delta, write_effect, write_full_effect
-from sparkapply.apply.fold import TableDelta, TxnInput, fold_table
-from sparkapply.apply.fullfold import FullEffect, fold_full
-from sparkapply.apply.inserts import append_inserts
-from sparkapply.apply.keyfold import NeedsRowFold, NetEffect, fold_keyed
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.fold.append import append_inserts
+from sparkapply.apply.fold.full import FullEffect, fold_full
+from sparkapply.apply.fold.keyed import NeedsRowFold, NetEffect, fold_keyed
+from sparkapply.apply.fold.rowwise import TableDelta, TxnInput, fold_table
+from sparkapply.apply.write.effect import WriteResult, apply_delta, write_effect, write_full_effect
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.errors import InternalError, SparkapplyError
 from sparkapply.lsn import format_lsn
 from sparkapply.plan.batch import Identity

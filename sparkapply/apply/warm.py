@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from sparkapply.apply.fold import TxnInput
+from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.tasks import TableTask, run_table_task
 from sparkapply.changes.spool import SpoolSegment, SpoolWriter
 from sparkapply.pgoutput import encode

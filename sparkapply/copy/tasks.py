@@ -37,7 +37,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from sparkapply import location
-from sparkapply.apply.columns import fit_table
+from sparkapply.apply.write.columns import fit_table
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
 from sparkapply.copy.snapshot import begin_at_snapshot

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.compute as pc
 
-from sparkapply.apply.writer import read_parquet
+from sparkapply.apply.write.parquet import read_parquet
 from sparkapply.sink.files import DataFileInfo, data_file_infos, delete_file_infos, live_files
 from sparkapply.sink.rowdelta import DeleteFileInfo
 

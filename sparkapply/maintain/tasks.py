@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkapply.apply.locate import DeletedPositions, live_rows
-from sparkapply.apply.writer import TableWriter, filesystem
+from sparkapply.apply.write.locate import DeletedPositions, live_rows
+from sparkapply.apply.write.parquet import TableWriter, filesystem
 from sparkapply.errors import SparkapplyError
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo

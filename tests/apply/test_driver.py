@@ -6,8 +6,8 @@ import dataclasses
 
 import pyarrow as pa
 
-from sparkapply.apply.driver import merge_results, partitions_for
-from sparkapply.apply.fold import TxnInput
+from sparkapply.apply.fold.rowwise import TxnInput
+from sparkapply.apply.job import merge_results, partitions_for
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import ApplyError

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkapply.apply.file_cache import ColumnCache
+from sparkapply.apply.write.file_cache import ColumnCache
 
 
 def write(path: Path, n: int) -> str:

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkapply.apply.effect import WriteResult, apply_delta, write_full_effect
-from sparkapply.apply.fold import TxnInput, fold_table
-from sparkapply.apply.fullfold import fold_full
-from sparkapply.apply.keyfold import NeedsRowFold
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.fold.full import fold_full
+from sparkapply.apply.fold.keyed import NeedsRowFold
+from sparkapply.apply.fold.rowwise import TxnInput, fold_table
+from sparkapply.apply.write.effect import WriteResult, apply_delta, write_full_effect
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolWriter
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkapply.apply.fold import TxnInput, fold_table
+from sparkapply.apply.fold.rowwise import TxnInput, fold_table
 from sparkapply.changes.spool import SpoolSegment, SpoolWriter
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.errors import ApplyError
@@ -136,7 +136,7 @@ def test_a_new_key_is_located_in_files_written_before_its_column(tmp_path: Path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sparkapply.apply.locate import locate_keys
+    from sparkapply.apply.write.locate import locate_keys
     from sparkapply.sink.files import DataFileInfo
 
     old, new = tmp_path / "old.parquet", tmp_path / "new.parquet"

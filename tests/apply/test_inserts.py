@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkapply.apply.effect import apply_delta
-from sparkapply.apply.fold import TxnInput, coalesced, fold_table
-from sparkapply.apply.inserts import append_inserts
+from sparkapply.apply.fold.append import append_inserts
+from sparkapply.apply.fold.rowwise import TxnInput, coalesced, fold_table
 from sparkapply.apply.tasks import TableTask, run_table_task
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.write.effect import apply_delta
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolWriter
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput import encode

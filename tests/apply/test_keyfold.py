@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkapply.apply.effect import apply_delta, write_effect
-from sparkapply.apply.fold import TxnInput, coalesced, fold_table, uncoalesced
-from sparkapply.apply.keyfold import NeedsRowFold, fold_keyed
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.fold.keyed import NeedsRowFold, fold_keyed
+from sparkapply.apply.fold.rowwise import TxnInput, coalesced, fold_table, uncoalesced
+from sparkapply.apply.write.effect import apply_delta, write_effect
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolWriter
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
@@ -343,7 +343,7 @@ def test_partitioned_folds_together_equal_the_model(seed: int, tmp_path: Path) -
 
 
 def test_key_hash_is_deterministic_and_spreads() -> None:
-    from sparkapply.apply.keyfold import key_hash
+    from sparkapply.apply.fold.keyed import key_hash
 
     keys = pa.array(range(10_000), pa.int64())
     a = key_hash([keys]) % 4

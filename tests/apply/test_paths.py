@@ -85,7 +85,7 @@ def test_what_the_keyed_fold_cannot_net_is_applied_row_wise(tmp_path: Path) -> N
 def test_a_small_batch_is_folded_on_the_driver_and_a_bigger_one_is_not(tmp_path: Path) -> None:
     """Under ``driver_fold_bytes`` of spool in all, the tasks run here, one after
     another, with the executors' code: no Spark job (the session is not touched)."""
-    from sparkapply.apply.driver import run_tasks, task_bytes
+    from sparkapply.apply.job import run_tasks, task_bytes
 
     txn = spool(
         tmp_path,

@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from sparkapply.apply.stage import StagedFiles, StageResult
-from sparkapply.apply.stager import Piece, StagedWork
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import SparkapplyError
 from sparkapply.pgoutput import messages as m
+from sparkapply.staging.piece import StagedFiles, StageResult
+from sparkapply.staging.stager import Piece, StagedWork
 
 REL = m.Relation(None, 7, "public", "t", "d", (m.RelationColumn(1, "id", 23, -1),))
 
@@ -106,7 +106,7 @@ def test_arrow_is_importable_for_the_stage_task() -> None:
     # StageTable carries an Arrow schema to executors: it must pickle.
     import pickle
 
-    from sparkapply.apply.stage import StageTable
+    from sparkapply.staging.piece import StageTable
 
     t = StageTable("public.t", frozenset({7}), pa.schema([("id", pa.int32())]), 0, "/d")
     assert pickle.loads(pickle.dumps(t)) == t

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pyiceberg.catalog.sql import SqlCatalog
 
-from sparkapply.apply.stager import Stager
 from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
@@ -32,6 +31,7 @@ from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
+from sparkapply.staging.stager import Stager
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

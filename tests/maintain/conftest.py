@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.lsn import Lsn
 from sparkapply.sink import applied_lsn, commit_files, data_directory, read_table
 from sparkapply.sink.maintenance import list_files

@@ -10,7 +10,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.errors import SinkError
 from sparkapply.lsn import Lsn
 from sparkapply.sink import commit_files, data_directory

@@ -9,7 +9,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.errors import ErrorKind
 from sparkapply.lsn import Lsn
 from sparkapply.sink import (

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
-from sparkapply.apply.fold import coalesced
+from sparkapply.apply.fold.rowwise import coalesced
 from sparkapply.apply.tasks import TableResult, TableTask, run_table_task
 
 

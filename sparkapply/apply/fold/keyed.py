@@ -50,9 +50,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.columns import convert_columns, fit_table
-from sparkapply.apply.fold import Layout, TxnInput, coalesced, uncoalesced
-from sparkapply.apply.keys import canonical_keys, comparable
+from sparkapply.apply.fold.rowwise import Layout, TxnInput, coalesced, uncoalesced
+from sparkapply.apply.write.columns import convert_columns, fit_table
+from sparkapply.apply.write.keys import canonical_keys, comparable
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from sparkapply.apply.columns import convert_columns, fit_table
-from sparkapply.apply.effect import ROWS_PER_FILE, WriteResult
-from sparkapply.apply.fold import Layout, TxnInput, coalesced, uncoalesced
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.fold.rowwise import Layout, TxnInput, coalesced, uncoalesced
+from sparkapply.apply.write.columns import convert_columns, fit_table
+from sparkapply.apply.write.effect import ROWS_PER_FILE, WriteResult
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, NotInsertOnly, SparkapplyError
 from sparkapply.pgoutput import Decoder

@@ -11,11 +11,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkapply.apply.stage import StageResult
-from sparkapply.apply.staged_files import delete_files, forget_journal
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import SparkapplyError
 from sparkapply.pgoutput import messages as m
+from sparkapply.staging.piece import StageResult
+from sparkapply.staging.records import delete_files, forget_journal
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from sparkapply.apply.writer import read_parquet
+from sparkapply.apply.write.parquet import read_parquet
 
 MAX_BYTES = 64 * 1024 * 1024
 

@@ -33,10 +33,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.columns import convert_columns, fit_table
-from sparkapply.apply.fold import Layout, TxnInput
-from sparkapply.apply.keyfold import FoldInput, FoldPart, NeedsRowFold, collect
-from sparkapply.apply.keys import canonical_keys
+from sparkapply.apply.fold.keyed import FoldInput, FoldPart, NeedsRowFold, collect
+from sparkapply.apply.fold.rowwise import Layout, TxnInput
+from sparkapply.apply.write.columns import convert_columns, fit_table
+from sparkapply.apply.write.keys import canonical_keys
 from sparkapply.pgoutput import messages as m
 
 

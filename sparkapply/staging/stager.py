@@ -62,9 +62,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkapply.apply.stage import StageResult, StageTable, StageTask, run_stage_task
-from sparkapply.apply.staged import Piece, StagedUse, StagedWork, outcome
-from sparkapply.apply.staged_files import (
+from sparkapply.changes.spool import SpoolSegment, remove_spool_file
+from sparkapply.errors import SparkapplyError
+from sparkapply.failpoints import failpoint
+from sparkapply.pgoutput import messages as m
+from sparkapply.sink.arrow import arrow_schema_of
+from sparkapply.sink.tables import data_directory
+from sparkapply.staging.piece import StageResult, StageTable, StageTask, run_stage_task
+from sparkapply.staging.records import (
     RecordedPiece,
     delete_files,
     forget_journal,
@@ -72,12 +77,7 @@ from sparkapply.apply.staged_files import (
     write_journal,
     write_record,
 )
-from sparkapply.changes.spool import SpoolSegment, remove_spool_file
-from sparkapply.errors import SparkapplyError
-from sparkapply.failpoints import failpoint
-from sparkapply.pgoutput import messages as m
-from sparkapply.sink.arrow import arrow_schema_of
-from sparkapply.sink.tables import data_directory
+from sparkapply.staging.staged import Piece, StagedUse, StagedWork, outcome
 from sparkapply.state.layout import prepared_dir, staged_record, staging_dir
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 
-from sparkapply.apply.fold import Layout
+from sparkapply.apply.fold.rowwise import Layout
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import ColumnValues, to_arrow
 from sparkapply.errors import ConversionError, SparkapplyError

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkapply.apply.stage import StagedFiles, StageResult, StageTask
-from sparkapply.apply.writer import filesystem
+from sparkapply.apply.write.parquet import filesystem
 from sparkapply.errors import SparkapplyError
 from sparkapply.sink.maintenance import list_files, unreferenced
+from sparkapply.staging.piece import StagedFiles, StageResult, StageTask
 from sparkapply.state.durable import write_json_durably
 from sparkapply.state.layout import (
     is_journal_entry,

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from sparkapply import collector
-from sparkapply.apply.fold import TxnInput
-from sparkapply.apply.inserts import append_inserts
-from sparkapply.apply.writer import TableWriter, filesystem
+from sparkapply.apply.fold.append import append_inserts
+from sparkapply.apply.fold.rowwise import TxnInput
+from sparkapply.apply.write.parquet import TableWriter, filesystem
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import ApplyError, NotInsertOnly, SparkapplyError
 from sparkapply.pgoutput import messages as m

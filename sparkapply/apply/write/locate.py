@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.file_cache import read_columns
-from sparkapply.apply.keys import canonical_keys, comparable
+from sparkapply.apply.write.file_cache import read_columns
+from sparkapply.apply.write.keys import canonical_keys, comparable
 from sparkapply.sink.files import DataFileInfo
 from sparkapply.sink.rowdelta import DeleteFileInfo
 

@@ -2,8 +2,8 @@
 position deletes (merge-on-read). Executor side.
 
 Inputs are the net effect of the batch on the table, from the vectorised fold
-(:class:`~sparkapply.apply.keyfold.NetEffect`) or the row-wise fold
-(:class:`~sparkapply.apply.fold.TableDelta`), and the table's live data and delete
+(:class:`~sparkapply.apply.fold.keyed.NetEffect`) or the row-wise fold
+(:class:`~sparkapply.apply.fold.rowwise.TableDelta`), and the table's live data and delete
 files. Rows the batch replaces or deletes are located (``locate.py``) and named in one
 position-delete file; new and changed rows go to new data files. Nothing is rewritten,
 so a batch writes bytes in proportion to what it changes, not to the table's size.
@@ -24,13 +24,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.columns import convert_column, fit_table
-from sparkapply.apply.fold import Key, Layout, Row, TableDelta, _Unchanged
-from sparkapply.apply.fullfold import FullEffect, RemovedImages, layout_columns, removed_images
-from sparkapply.apply.keyfold import NetEffect
-from sparkapply.apply.keys import canonical_keys, comparable
-from sparkapply.apply.locate import key_matcher, key_pruner, live_rows, locate_keys
-from sparkapply.apply.writer import TableWriter
+from sparkapply.apply.fold.full import FullEffect, RemovedImages, layout_columns, removed_images
+from sparkapply.apply.fold.keyed import NetEffect
+from sparkapply.apply.fold.rowwise import Key, Layout, Row, TableDelta, _Unchanged
+from sparkapply.apply.write.columns import convert_column, fit_table
+from sparkapply.apply.write.keys import canonical_keys, comparable
+from sparkapply.apply.write.locate import key_matcher, key_pruner, live_rows, locate_keys
+from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
 from sparkapply.errors import SparkapplyError
