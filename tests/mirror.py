@@ -155,7 +155,7 @@ class Mirror:
         return arrow.column_names, [tuple(r.values()) for r in arrow.to_pylist()]
 
     def iceberg_types(self, table: str) -> dict[str, pa.DataType]:
-        from sparkapply.sink.arrow import arrow_schema_of
+        from sparkapply.datafiles import arrow_schema_of
 
         schema = arrow_schema_of(self.iceberg_table(table))
         return {f.name: f.type for f in schema}

@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     ),
     "embedded": SHARED,  # the bundled PostgreSQL: uses only the errors
     "pgoutput": 1,
-    **dict.fromkeys(("source", "convert", "state"), 2),
+    **dict.fromkeys(("source", "convert", "state", "datafiles"), 2),
     "changes": 3,
     "plan": 4,
     **dict.fromkeys(("apply", "staging"), 5),

@@ -35,6 +35,7 @@ from sparkapply.apply.job import run_tasks
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.convert.schema import iceberg_schema_for, relation_identifier
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, arrow_schema_of, data_directory
 from sparkapply.errors import CommitOutcomeUnknownError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
@@ -48,22 +49,15 @@ from sparkapply.plan.batch import (
     plan_batch,
     relation_versions,
 )
-from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.atomic import commit_together
 from sparkapply.sink.commit import StagedSnapshot, commit_staged, stage_files
 from sparkapply.sink.cuts import CutLog
-from sparkapply.sink.files import (
-    DataFileInfo,
-    LiveFileCache,
-    current_snapshot_id,
-    remove_orphans,
-)
+from sparkapply.sink.files import LiveFileCache, current_snapshot_id, remove_orphans
 from sparkapply.sink.locks import TableLocks
 from sparkapply.sink.maintenance import doomed_snapshots, expire_and_delete, expire_snapshots
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import evolve_to
-from sparkapply.sink.rowdelta import DeleteFileInfo
-from sparkapply.sink.tables import data_directory, ensure_table
+from sparkapply.sink.tables import ensure_table
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -31,11 +31,10 @@ from sparkapply.apply.fold.keyed import NeedsRowFold, NetEffect, fold_keyed
 from sparkapply.apply.fold.rowwise import TableDelta, TxnInput, fold_table
 from sparkapply.apply.write.effect import WriteResult, apply_delta, write_effect, write_full_effect
 from sparkapply.apply.write.parquet import TableWriter
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import InternalError, SparkapplyError
 from sparkapply.lsn import format_lsn
 from sparkapply.plan.batch import Identity
-from sparkapply.sink.files import DataFileInfo
-from sparkapply.sink.rowdelta import DeleteFileInfo
 
 
 @dataclass(frozen=True, slots=True)

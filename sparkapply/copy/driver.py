@@ -110,6 +110,7 @@ from sparkapply.copy.snapshot import (
     published_tables,
 )
 from sparkapply.copy.tasks import SliceResult, SliceTask, run_slice
+from sparkapply.datafiles import arrow_schema_of, data_directory
 from sparkapply.errors import (
     ConfigError,
     ConnectionLostError,
@@ -120,12 +121,11 @@ from sparkapply.errors import (
 )
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
-from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.commit import commit_files
 from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import table_for_relation
-from sparkapply.sink.tables import data_directory, ensure_table
+from sparkapply.sink.tables import ensure_table
 from sparkapply.source.connection import ReplicationConnection, session_conninfo
 from sparkapply.source.negotiation import quote_ident
 from sparkapply.source.publisher import (

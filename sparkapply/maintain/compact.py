@@ -29,14 +29,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sparkapply.datafiles import arrow_schema_of, data_directory
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.maintain.plan import CompactionPlan, plan_compaction
 from sparkapply.maintain.tasks import MergeDeletesTask, RewriteTask, TaskResult, run_task
-from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.files import remove_orphans
 from sparkapply.sink.rewrite import commit_rewrite
-from sparkapply.sink.tables import data_directory, table_name
+from sparkapply.sink.tables import table_name
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

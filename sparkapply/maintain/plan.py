@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 import pyarrow.compute as pc
 
 from sparkapply.apply.write.parquet import read_parquet
-from sparkapply.sink.files import DataFileInfo, data_file_infos, delete_file_infos, live_files
-from sparkapply.sink.rowdelta import DeleteFileInfo
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
+from sparkapply.sink.files import data_file_infos, delete_file_infos, live_files
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

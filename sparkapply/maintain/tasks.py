@@ -25,9 +25,8 @@ import pyarrow.parquet as pq
 
 from sparkapply.apply.write.locate import DeletedPositions, live_rows
 from sparkapply.apply.write.parquet import TableWriter, filesystem
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SparkapplyError
-from sparkapply.sink.files import DataFileInfo
-from sparkapply.sink.rowdelta import DeleteFileInfo
 
 
 @dataclass(frozen=True, slots=True)

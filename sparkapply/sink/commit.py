@@ -102,6 +102,7 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.properties import property_as_bool
 
 from sparkapply import location
+from sparkapply.datafiles import DeleteFileInfo
 from sparkapply.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
@@ -111,12 +112,7 @@ from sparkapply.errors import (
 from sparkapply.lsn import Lsn
 from sparkapply.sink.files import delete_paths, live_data_files
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
-from sparkapply.sink.rowdelta import (
-    DeleteFileInfo,
-    StagedRowDelta,
-    position_delete_file,
-    stage_row_delta,
-)
+from sparkapply.sink.rowdelta import StagedRowDelta, position_delete_file, stage_row_delta
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)

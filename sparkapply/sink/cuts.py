@@ -63,15 +63,15 @@ from pyiceberg.table.update import (
 from pyiceberg.types import BooleanType, LongType, NestedField, StringType, TimestamptzType
 
 from sparkapply import location
+from sparkapply.datafiles import arrow_schema_of, data_directory
 from sparkapply.errors import CommitConflictError, CutError, SinkError
 from sparkapply.lsn import Lsn
-from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.atomic import commit_together
 from sparkapply.sink.commit import StagedSnapshot, commit_files, commit_staged, stage_files
 from sparkapply.sink.files import current_data_files, current_snapshot_id
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.rowdelta import StagedRowDelta
-from sparkapply.sink.tables import TableIdentifier, data_directory, ensure_table, table_name
+from sparkapply.sink.tables import TableIdentifier, ensure_table, table_name
 
 logger = logging.getLogger(__name__)
 

@@ -32,24 +32,10 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.types import PrimitiveType
 
+from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID, DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SinkError
-from sparkapply.sink.rowdelta import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DataFileInfo:
-    """One live data file of a table's current snapshot, as executors need it."""
-
-    path: str
-    """As recorded in the manifest (a URI such as ``file:///…`` or ``s3://…``);
-    this exact string names the file in ``commit_files(removed=…)``."""
-    record_count: int
-    file_size_in_bytes: int
-    # Bounds of the single key column (Python values), when the manifest has them.
-    key_lower: object = None
-    key_upper: object = None
 
 
 KeyField = tuple[int, PrimitiveType]

@@ -69,10 +69,11 @@ from pyiceberg.table.snapshots import (
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 from pyiceberg.utils.concurrent import ExecutorFactory
 
+from sparkapply.datafiles import DeleteFileInfo
 from sparkapply.errors import CommitConflictError, SinkError
 from sparkapply.sink.files import delete_paths
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
-from sparkapply.sink.rowdelta import DeleteFileInfo, DeleteManifestWriter, position_delete_file
+from sparkapply.sink.rowdelta import DeleteManifestWriter, position_delete_file
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)

@@ -65,28 +65,9 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.typedef import Record
 
-# Reserved field ids of the position-delete file schema (Iceberg spec).
-FILE_PATH_FIELD_ID = 2147483546
-POS_FIELD_ID = 2147483545
+from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
 
 _LONG = struct.Struct("<q")
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteFileInfo:
-    """A position-delete file an executor wrote (small, picklable).
-
-    ``lower_path``/``upper_path`` bound the data-file paths it names: readers skip a
-    delete file whose range misses the data file they read.
-    """
-
-    path: str
-    record_count: int
-    file_size_in_bytes: int
-    lower_path: str
-    upper_path: str
-    lower_pos: int
-    upper_pos: int
 
 
 def position_delete_file(info: DeleteFileInfo, spec_id: int) -> DataFile:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 
 from pyiceberg.catalog import Catalog, MetastoreCatalog
@@ -59,21 +58,6 @@ DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
 def table_name(table: Table) -> str:
     """``namespace.table`` for messages (the catalog name left out)."""
     return ".".join(table.name())
-
-
-def data_directory(table: Table) -> str:
-    """Where executors write new data files (honours ``write.data.path``), as a URI.
-
-    Created when it is on the local file system (pyarrow's local writer does not
-    create parent directories); object stores need none. Executors must give each
-    file a name that is unique forever (a UUID): a name reused after a failed commit
-    could collide with a file a reader still needs.
-    """
-    data_path = table.location_provider().data_path
-    local = location.local_path(data_path)
-    if local is not None:
-        os.makedirs(local, exist_ok=True)
-    return data_path
 
 
 def ensure_table(

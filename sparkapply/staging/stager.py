@@ -63,11 +63,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkapply.changes.spool import SpoolSegment, remove_spool_file
+from sparkapply.datafiles import arrow_schema_of, data_directory
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.pgoutput import messages as m
-from sparkapply.sink.arrow import arrow_schema_of
-from sparkapply.sink.tables import data_directory
 from sparkapply.staging.piece import StageResult, StageTable, StageTask, run_stage_task
 from sparkapply.staging.records import (
     RecordedPiece,

@@ -10,8 +10,8 @@ from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.job import merge_results, partitions_for
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.spool import SpoolSegment
+from sparkapply.datafiles import DeleteFileInfo
 from sparkapply.errors import ApplyError
-from sparkapply.sink.rowdelta import DeleteFileInfo
 
 MB = 1024 * 1024
 

@@ -20,9 +20,9 @@ from sparkapply.apply.fold.rowwise import TxnInput, fold_table
 from sparkapply.apply.write.effect import WriteResult, apply_delta, write_full_effect
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolWriter
+from sparkapply.datafiles import DataFileInfo
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
-from sparkapply.sink.files import DataFileInfo
 
 REL = m.Relation(
     None,

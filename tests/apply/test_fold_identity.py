@@ -137,7 +137,7 @@ def test_a_new_key_is_located_in_files_written_before_its_column(tmp_path: Path)
     import pyarrow.parquet as pq
 
     from sparkapply.apply.write.locate import locate_keys
-    from sparkapply.sink.files import DataFileInfo
+    from sparkapply.datafiles import DataFileInfo
 
     old, new = tmp_path / "old.parquet", tmp_path / "new.parquet"
     pq.write_table(pa.table({"id": [1, 2]}), old)

@@ -19,9 +19,9 @@ from sparkapply.apply.fold.rowwise import TxnInput, coalesced, fold_table, uncoa
 from sparkapply.apply.write.effect import apply_delta, write_effect
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolWriter
+from sparkapply.datafiles import DataFileInfo
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
-from sparkapply.sink.files import DataFileInfo
 
 COLS = (
     m.RelationColumn(1, "id", 20, -1),
@@ -174,7 +174,7 @@ def test_vectorised_and_row_wise_folds_agree_with_the_model(seed: int, tmp_path:
     if seed % 2 == 0:  # as the driver ships them: coalesced, pickled
         txns = pickle.loads(pickle.dumps(tuple(coalesced(txns))))
     pre_path, pre_deleted = prebatch_file(tmp_path, prebatch)
-    from sparkapply.sink.rowdelta import DeleteFileInfo
+    from sparkapply.datafiles import DeleteFileInfo
 
     # The pre-batch file's stale rows are deleted by an existing delete file.
     setup = TableWriter(str(tmp_path / "setup"), SCHEMA)

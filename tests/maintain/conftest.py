@@ -10,8 +10,9 @@ import pyarrow as pa
 from pyiceberg.table import Table
 
 from sparkapply.apply.write.parquet import TableWriter
+from sparkapply.datafiles import data_directory
 from sparkapply.lsn import Lsn
-from sparkapply.sink import applied_lsn, commit_files, data_directory, read_table
+from sparkapply.sink import applied_lsn, commit_files, read_table
 from sparkapply.sink.maintenance import list_files
 from tests.sink.conftest import catalog, catalog_properties, orders  # noqa: F401
 from tests.sink.executor_files import ORDERS_ARROW, write_orders

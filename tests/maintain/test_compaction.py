@@ -10,6 +10,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.types import LongType, StringType
 
+from sparkapply.datafiles import arrow_schema_of
 from sparkapply.lsn import Lsn
 from sparkapply.maintain.compact import compact
 from sparkapply.maintain.plan import health, plan_compaction
@@ -21,7 +22,6 @@ from sparkapply.sink import (
     current_data_files,
     current_snapshot_id,
 )
-from sparkapply.sink.arrow import arrow_schema_of
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
 from tests.readers import read_with_duckdb
 from tests.sink.conftest import ORDERS

@@ -12,8 +12,9 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+from sparkapply.datafiles import data_directory
 from sparkapply.lsn import Lsn
-from sparkapply.sink import applied_lsn, commit_files, data_directory
+from sparkapply.sink import applied_lsn, commit_files
 from sparkapply.sink.maintenance import (
     expire_and_delete,
     referenced_files,

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
-from sparkapply.sink import data_directory
+from sparkapply.datafiles import data_directory
 
 UTC = dt.UTC
 

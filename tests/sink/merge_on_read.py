@@ -29,7 +29,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 from pyiceberg.typedef import Record
 
-from sparkapply.sink import data_directory
+from sparkapply.datafiles import data_directory
 
 
 class _DeleteManifestWriter(ManifestWriterV2):

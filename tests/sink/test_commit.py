@@ -15,6 +15,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+from sparkapply.datafiles import data_directory
 from sparkapply.errors import ErrorKind, SinkError
 from sparkapply.lsn import Lsn
 from sparkapply.sink import (
@@ -26,7 +27,6 @@ from sparkapply.sink import (
     commit_files,
     current_data_files,
     current_snapshot_id,
-    data_directory,
     open_catalog,
     read_table,
     remove_orphans,

@@ -11,19 +11,13 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from sparkapply.apply.write.parquet import TableWriter
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, data_directory
 from sparkapply.errors import SinkError
 from sparkapply.lsn import Lsn
-from sparkapply.sink import commit_files, data_directory
-from sparkapply.sink.files import (
-    DataFileInfo,
-    LiveFileCache,
-    data_file_infos,
-    delete_file_infos,
-    live_files,
-)
+from sparkapply.sink import commit_files
+from sparkapply.sink.files import LiveFileCache, data_file_infos, delete_file_infos, live_files
 from sparkapply.sink.maintenance import expire_snapshots
 from sparkapply.sink.rewrite import commit_rewrite
-from sparkapply.sink.rowdelta import DeleteFileInfo
 
 from .conftest import ORDERS
 from .executor_files import ORDERS_ARROW, write_orders

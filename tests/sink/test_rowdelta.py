@@ -10,6 +10,7 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
 from sparkapply.apply.write.parquet import TableWriter
+from sparkapply.datafiles import data_directory
 from sparkapply.errors import ErrorKind
 from sparkapply.lsn import Lsn
 from sparkapply.sink import (
@@ -17,7 +18,6 @@ from sparkapply.sink import (
     applied_lsn,
     commit_files,
     current_data_files,
-    data_directory,
     read_table,
 )
 from sparkapply.sink.files import delete_file_infos, live_files

@@ -33,9 +33,8 @@ from sparkapply.apply.write.locate import key_matcher, key_pruner, live_rows, lo
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SparkapplyError
-from sparkapply.sink.files import DataFileInfo
-from sparkapply.sink.rowdelta import DeleteFileInfo
 
 # Rows per data file written by one task (bounded memory, files of a useful size).
 ROWS_PER_FILE = 1_000_000

@@ -22,8 +22,7 @@ import pyarrow.compute as pc
 
 from sparkapply.apply.write.file_cache import read_columns
 from sparkapply.apply.write.keys import canonical_keys, comparable
-from sparkapply.sink.files import DataFileInfo
-from sparkapply.sink.rowdelta import DeleteFileInfo
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 
 Prune = Callable[[DataFileInfo], bool]
 

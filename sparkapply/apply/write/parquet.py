@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sparkapply import location
-from sparkapply.sink.rowdelta import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
+from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
 
 POSITION_DELETE_SCHEMA = pa.schema(
     [

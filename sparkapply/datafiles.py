@@ -1,0 +1,77 @@
+"""What the executors know of a table's files: the descriptions that cross between the
+driver and the executors, the Arrow schema files are written in, and where they go.
+
+Below the apply and the sink in the layers: the executors write files and describe
+them with these small, picklable values; the sink lists and commits them with the same
+values. Neither needs the other to say what a file is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.table import Table
+
+from sparkapply import location
+
+# Reserved field ids of the position-delete file schema (Iceberg spec).
+FILE_PATH_FIELD_ID = 2147483546
+POS_FIELD_ID = 2147483545
+
+
+@dataclass(frozen=True, slots=True)
+class DataFileInfo:
+    """One live data file of a table's current snapshot, as executors need it."""
+
+    path: str
+    """As recorded in the manifest (a URI such as ``file:///…`` or ``s3://…``);
+    this exact string names the file in ``commit_files(removed=…)``."""
+    record_count: int
+    file_size_in_bytes: int
+    # Bounds of the single key column (Python values), when the manifest has them.
+    key_lower: object = None
+    key_upper: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFileInfo:
+    """A position-delete file an executor wrote (small, picklable).
+
+    ``lower_path``/``upper_path`` bound the data-file paths it names: readers skip a
+    delete file whose range misses the data file they read.
+    """
+
+    path: str
+    record_count: int
+    file_size_in_bytes: int
+    lower_path: str
+    upper_path: str
+    lower_pos: int
+    upper_pos: int
+
+
+def arrow_schema_of(table: Table) -> pa.Schema:
+    """Column names and types of the table's current schema, without field ids.
+
+    Files carry no field ids; the table's name mapping resolves them by name.
+    """
+    schema = schema_to_pyarrow(table.schema(), include_field_ids=False)
+    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+
+
+def data_directory(table: Table) -> str:
+    """Where executors write new data files (honours ``write.data.path``), as a URI.
+
+    Created when it is on the local file system (pyarrow's local writer does not
+    create parent directories); object stores need none. Executors must give each
+    file a name that is unique forever (a UUID): a name reused after a failed commit
+    could collide with a file a reader still needs.
+    """
+    data_path = table.location_provider().data_path
+    local = location.local_path(data_path)
+    if local is not None:
+        os.makedirs(local, exist_ok=True)
+    return data_path
