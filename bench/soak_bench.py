@@ -45,7 +45,7 @@ from benchlib.servers import SETTINGS, publish, scratch, server
 from benchlib.sparkapply_runs import sparkapply_config, start_spark
 from benchlib.workloads import ORDERS, ORDERS_DDL, checksum, iceberg_checksum, prefill
 
-from sparkapply.apply.batch import BatchStats
+from sparkapply.run.batch import BatchStats
 
 IDENT = ("public", ORDERS)
 INSERT = (
@@ -85,7 +85,7 @@ def soak(spark: Any, root: Path, mode: str, args: argparse.Namespace) -> dict[st
     from sparkapply.config import MaintenanceConfig
     from sparkapply.maintain import Maintainer
     from sparkapply.maintain.plan import health
-    from sparkapply.subscriber import Subscriber
+    from sparkapply.run.subscriber import Subscriber
 
     with server(root / f"pub-{mode}", SETTINGS) as pub:
         dsn = pub.dsn()

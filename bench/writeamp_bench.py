@@ -32,11 +32,11 @@ from benchlib.servers import SETTINGS, publish, scratch, server
 from benchlib.sparkapply_runs import sparkapply_config, start_spark
 from benchlib.workloads import ORDERS, ORDERS_DDL, checksum, iceberg_checksum, prefill
 
-from sparkapply.apply.batch import BatchStats
+from sparkapply.run.batch import BatchStats
 
 
 def measure_size(spark: Any, root: Path, rows: int, batches: int, per_batch: int) -> dict[str, Any]:
-    from sparkapply.subscriber import Subscriber
+    from sparkapply.run.subscriber import Subscriber
 
     with server(root / f"pub-{rows}", SETTINGS) as pub:
         dsn = pub.dsn()

@@ -18,7 +18,7 @@ from _catalog import open_catalog
 from psycopg import sql
 
 from sparkapply.config import load_config
-from sparkapply.subscriber import Subscriber
+from sparkapply.run.subscriber import Subscriber
 
 
 def balances(config_path: str) -> dict[int, int]:

@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sparkapply.subscriber import Subscriber
+    from sparkapply.run.subscriber import Subscriber
 
     config = load_config(args.config)
     sub = Subscriber(config)

@@ -91,7 +91,7 @@ def _wait_streaming(dsn: str, slot: str, thread: threading.Thread) -> None:
 
 
 def run_demo(config_path: str, *, rows: int = 1_000_000) -> int:
-    from sparkapply.subscriber import Subscriber
+    from sparkapply.run.subscriber import Subscriber
     from sparkapply.verify.command import run_verify
 
     base = load_config(config_path)

@@ -27,8 +27,8 @@ from sparkapply.state.verdict import last_verify
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from sparkapply.apply.batch import BatchStats
     from sparkapply.changes.transaction import CommittedTxn
+    from sparkapply.run.batch import BatchStats
 
 log = logging.getLogger(__name__)
 

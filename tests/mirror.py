@@ -32,10 +32,10 @@ from psycopg import sql
 from psycopg.types.string import TextLoader
 from pyiceberg.table import Table
 
-from sparkapply.apply.batch import BatchStats
 from sparkapply.config import Config, load_config
 from sparkapply.lsn import Lsn
-from sparkapply.subscriber import RunSummary, Subscriber
+from sparkapply.run.batch import BatchStats
+from sparkapply.run.subscriber import RunSummary, Subscriber
 from tests.readers import READERS, Readers
 
 

@@ -1,7 +1,7 @@
 """sparkapply's own log, read from the outside: where a live process's time went.
 
 ``sparkapply run`` logs ``%(asctime)s %(levelname)s %(name)s: %(message)s`` on stderr
-(``2026-11-24 11:03:40,123 INFO sparkapply.subscriber: applied ...``). A benchmark
+(``2026-11-24 11:03:40,123 INFO sparkapply.run.subscriber: applied ...``). A benchmark
 that runs the real command line captures that stream into a file and reads it here:
 each batch's acknowledgement line (transactions, changes, rows staged while they
 arrived, tables, the batch's seconds on the apply thread, the flushed LSN), and the

@@ -24,9 +24,9 @@ from benchlib.consumers import Run
 from benchlib.metering import CpuMeter, ThreadCpuSampler, loadavg, peak_rss_mib, reset_peak_rss
 from benchlib.servers import PUBLICATION, postmaster_pid
 from benchlib.workloads import Backlog, iceberg_checksum
-from sparkapply.apply.batch import BatchStats
 from sparkapply.config import Config
 from sparkapply.embedded import EmbeddedPostgres
+from sparkapply.run.batch import BatchStats
 
 SPARK_MASTER = "local[2]"
 SPARK_CONF = {"spark.driver.memory": "2g"}
@@ -138,7 +138,7 @@ class Sparkapply:
         self.profile: cProfile.Profile | None = None  # the receiving thread, if set
 
     def prepare(self) -> None:
-        from sparkapply.subscriber import Subscriber
+        from sparkapply.run.subscriber import Subscriber
 
         for slot in self.slots if self.streamed else ():
             Subscriber(self._config(slot), spark=self.spark).run(until_caught_up=True)
@@ -147,7 +147,7 @@ class Sparkapply:
         return sparkapply_config(self.pub.dsn(), self.root / f"work-{slot}", slot)
 
     def run(self, backlog: Backlog) -> Run:
-        from sparkapply.subscriber import Subscriber
+        from sparkapply.run.subscriber import Subscriber
 
         slot = self.slots.pop(0)
         config = self._config(slot)

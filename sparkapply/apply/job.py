@@ -1,8 +1,8 @@
-"""The driver half of an apply: run a batch's table tasks as one Spark job.
+"""Run a batch's table tasks as one Spark job, from the driver.
 
 A table whose batch is big is folded by several tasks, one per key-hash partition
-(see ``keyfold.py``, MANY TASKS PER TABLE); their files are merged back into one
-result per table, which the driver commits as one snapshot.
+(see ``fold/keyed.py``, MANY TASKS PER TABLE); their files are merged back into one
+result per table, which the driver commits as one snapshot (``run/batch.py``).
 
 SMALL BATCHES
     A Spark job costs a tenth to a fifth of a second however small its tasks (the

@@ -16,7 +16,7 @@ per Iceberg table, without I/O:
 A batch is first cut into identity epochs: a table's changes within one part name
 their rows one way (see :func:`identity_epochs`).
 
-The apply (:mod:`sparkapply.apply.batch`) loads the tables, lists their live files
+The run (:mod:`sparkapply.run.batch`) loads the tables, lists their live files
 and turns each :class:`TablePlan` into a Spark task.
 """
 

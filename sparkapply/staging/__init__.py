@@ -3,5 +3,5 @@
 ``stager`` (driver side) sends each closed chunk of a streamed transaction to a Spark
 task; ``piece`` (executor side) decodes and writes it; ``staged`` is what staging
 hands the apply at the STREAM COMMIT; ``records`` is what staging keeps under
-``work_dir`` and the sweep of it at start.
+``work_dir`` (swept at a session's start by :mod:`sparkapply.run.sweep`).
 """

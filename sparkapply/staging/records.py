@@ -1,4 +1,4 @@
-"""What staging keeps under ``work_dir``, and the sweep of it at start. Driver side.
+"""What staging keeps under ``work_dir``: the journal and the records. Driver side.
 
 JOURNAL
     Before a piece writes, ``staging/<prefix><xid>.json`` names each table it stages:
@@ -12,10 +12,7 @@ RECORDS
     ``prepared/<xid>.staged.json`` (beside the prepared store's entry) lists the pieces
     with their files, for COMMIT PREPARED in this session or after a restart.
 
-SWEEP
-    At start, the files the journal names that no snapshot of their table references
-    are deleted (they belong to a transaction the server will send again), except
-    those a record keeps; then the journal is emptied.
+At start, a session sweeps what the journal names (:mod:`sparkapply.run.sweep`).
 
 Both files are written whole (temp file, fsync, rename) but their directories are not
 fsynced: an entry lost to a crash only leaves files for the orphan sweep, and a lost
@@ -27,26 +24,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sparkapply.apply.write.parquet import filesystem
-from sparkapply.errors import SparkapplyError
-from sparkapply.sink.maintenance import list_files, unreferenced
 from sparkapply.staging.piece import StagedFiles, StageResult, StageTask
 from sparkapply.state.durable import write_json_durably
-from sparkapply.state.layout import (
-    is_journal_entry,
-    journal_entry,
-    prepared_dir,
-    staged_records,
-    staging_dir,
-)
-
-if TYPE_CHECKING:
-    from pyiceberg.catalog import Catalog
+from sparkapply.state.layout import journal_entry
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +53,14 @@ def forget_journal(result: StageResult) -> None:
     if result.journal is not None:
         Path(result.journal).unlink(missing_ok=True)
         result.journal = None
+
+
+def read_journal(entry: Path) -> Iterator[tuple[str, str, str]]:
+    """(table, data directory, file-name prefix) of each table a journal entry names;
+    OSError, ValueError or KeyError when it cannot be read."""
+    doc = json.loads(entry.read_text())
+    for t in doc["tables"]:
+        yield t["table"], t["dir"], t["prefix"]
 
 
 # -- the records of prepared transactions -----------------------------------------------------
@@ -119,60 +112,6 @@ def read_record(path: Path) -> list[RecordedPiece] | None:
             tuple(StagedFiles(**t) for t in raw["tables"]),
         )
         for raw in doc["pieces"]
-    ]
-
-
-# -- the sweep at start -----------------------------------------------------------------------
-
-
-def sweep_staged(work_dir: Path, catalog: Catalog) -> int:
-    """At start: delete the files of journalled pieces that no snapshot of their table
-    references, and the journal. Returns how many files were deleted."""
-    root = staging_dir(work_dir)
-    if not root.is_dir():
-        return 0
-    kept = {  # staged for prepared transactions, waiting for COMMIT PREPARED
-        f
-        for record in staged_records(prepared_dir(work_dir))
-        for piece in (read_record(record) or [])
-        for t in piece.tables
-        for f in t.files
-    }
-    by_table: dict[str, list[str]] = {}
-    entries = sorted(root.iterdir())
-    for entry in entries:
-        if not is_journal_entry(entry):
-            continue  # a journal entry half written: its piece had not started
-        try:
-            doc = json.loads(entry.read_text())
-            for t in doc["tables"]:
-                by_table.setdefault(t["table"], []).extend(_named(t["dir"], t["prefix"]))
-        except (OSError, ValueError, KeyError, SparkapplyError) as exc:
-            log.warning("cannot read the staging journal %s: %s", entry, exc)
-    deleted = 0
-    for name, files in by_table.items():
-        namespace, _, table_name = name.rpartition(".")
-        try:
-            table = catalog.load_table((namespace, table_name))
-            doomed = unreferenced(table, [f for f in files if f not in kept])
-        except Exception as exc:  # the orphan sweep removes them later
-            log.warning("cannot check the staged files of %s: %s", name, exc)
-            continue
-        delete_files(doomed)
-        deleted += len(doomed)
-    for entry in entries:
-        entry.unlink(missing_ok=True)
-    if deleted:
-        log.info("removed %d staged files of transactions that never committed", deleted)
-    return deleted
-
-
-def _named(data_dir: str, prefix: str) -> list[str]:
-    """The files directly under ``data_dir`` whose names start with ``prefix``."""
-    return [
-        uri
-        for uri, _size, _mtime in list_files(data_dir)
-        if uri.rsplit("/", 1)[-1].startswith(prefix)
     ]
 
 

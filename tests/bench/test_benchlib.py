@@ -20,8 +20,8 @@ from benchlib.race import order_of
 from benchlib.report import Output, print_table, uncommitted
 from benchlib.sparkapply_runs import executor_phases, phases
 
-from sparkapply.apply.batch import BatchStats
 from sparkapply.apply.tasks import TableResult
+from sparkapply.run.batch import BatchStats
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -170,10 +170,10 @@ def test_tail_and_percentiles() -> None:
 
 
 LOG = """\
-2026-11-24 11:12:39,029 INFO sparkapply.subscriber: applied 546 transactions (2184 changes) \
+2026-11-24 11:12:39,029 INFO sparkapply.run.subscriber: applied 546 transactions (2184 changes) \
 to 4 tables in 1.68s; flushed to 0/24271F0
 2026-11-24 11:12:40,245 INFO sparkapply.maintain.maintainer: maintenance public.t: files 3->1
-2026-11-24 11:12:40,544 INFO sparkapply.subscriber: applied 1 transactions (1000000 changes, \
+2026-11-24 11:12:40,544 INFO sparkapply.run.subscriber: applied 1 transactions (1000000 changes, \
 966256 rows staged while they arrived) to 1 tables in 1.33s; flushed to 0/2428280; plan 0.10s \
 job=0.85s
 2026-11-24 11:12:41,000 ERROR sparkapply: it failed

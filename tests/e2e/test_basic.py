@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkapply.apply.batch import BatchStats
+from sparkapply.run.batch import BatchStats
 from tests.conftest import PgServer
 from tests.mirror import Mirror
 

@@ -17,8 +17,8 @@ from sparkapply.cli import main as cli_main
 from sparkapply.copy.driver import resync
 from sparkapply.errors import PublicationError, SlotError
 from sparkapply.lsn import Lsn
+from sparkapply.run.subscriber import Subscriber
 from sparkapply.sink.catalog import open_catalog
-from sparkapply.subscriber import Subscriber
 from tests.mirror import Mirror, normalize
 
 pytestmark = pytest.mark.integration

@@ -27,8 +27,9 @@ from sparkapply.errors import (
     SchemaChangeError,
 )
 from sparkapply.lsn import Lsn
+from sparkapply.run.errors import spark_job_error
+from sparkapply.run.subscriber import Subscriber
 from sparkapply.status import gather
-from sparkapply.subscriber import Subscriber, spark_job_error
 from tests.mirror import Mirror, Running
 from tests.mirror import wait_until as _wait
 

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sparkapply.apply.batch import BatchStats
+from sparkapply.run.batch import BatchStats
 from tests.conftest import PgServer
 from tests.mirror import Mirror, normalize
 from tests.readers import READERS, Readers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from sparkapply.apply.batch import BatchStats
+from sparkapply.run.batch import BatchStats
 from tests.mirror import Mirror
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ import pytest
 
 from sparkapply.cli import main
 from sparkapply.metrics import _verify_gauge
+from sparkapply.run.subscriber import Subscriber
 from sparkapply.state.layout import CUT_REQUESTS_DIR
 from sparkapply.state.verdict import last_verify
-from sparkapply.subscriber import Subscriber
 from sparkapply.verify.command import run_verify
 from tests.conftest import PgServer
 from tests.mirror import Mirror, Running, wait_until

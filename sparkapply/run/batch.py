@@ -1,13 +1,13 @@
-"""Apply one batch of committed transactions: tables, one Spark job, one commit.
+"""The driver's side of one batch: load its tables, run its Spark job, commit.
 
-The driver half of the apply. ORDERING
+ORDERING
     The batch's transactions are in source commit order. Per table they form a chain
-    (planned by :mod:`sparkapply.plan.batch`); one Spark task folds a table's chain and writes
-    its files (new row versions as data files, replaced rows as position deletes:
-    merge-on-read); the driver stages one snapshot per table stamped with the commit
-    LSN of the last transaction it contains, and the batch's cut (sink/cuts.py), and
-    commits them in one catalog transaction where the catalog can (sink/atomic.py),
-    else one table after another and the cut last.
+    (planned by :mod:`sparkapply.plan.batch`); one Spark task folds a table's chain and
+    writes its files (new row versions as data files, replaced rows as position deletes:
+    merge-on-read; :mod:`sparkapply.apply.job`); the driver stages one snapshot per
+    table stamped with the commit LSN of the last transaction it contains, and the
+    batch's cut (sink/cuts.py), and commits them in one catalog transaction where the
+    catalog can (sink/atomic.py), else one table after another and the cut last.
 
 FAILURE AND RESTART
     Nothing is acknowledged until every table of the batch has committed. Committing
@@ -68,23 +68,36 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class BatchStats:
+    """What one batch applied, and where its wall time went. Benchmarks and operators
+    read it (``Subscriber(on_batch=...)``) instead of wrapping functions."""
+
     transactions: int = 0
-    changes: int = 0
-    tables: int = 0
-    rows_written: int = 0
-    rows_removed: int = 0
-    skipped: int = 0
-    # Where the apply's wall time went (recorded here, so that benchmarks and
-    # operators read it instead of wrapping functions): planning (tables loaded,
-    # live files listed, tasks built; with staging, also the wait for its pieces), the
-    # Spark job, the Iceberg commits (all tables).
+    skipped: int = 0  # transactions at or below their table's applied LSN
+    staged_rows: int = 0  # rows committed from files staged while their transaction arrived
+    results: list[TableResult] = field(default_factory=list)  # one per table committed
+    # Planning (tables loaded, live files listed, tasks built; with staging, also the
+    # wait for its pieces), the Spark job, the Iceberg commits (all tables).
     plan_seconds: float = 0.0
     job_seconds: float = 0.0
     commit_seconds: float = 0.0
     started: float = 0.0  # time.monotonic() when apply() began and returned
     finished: float = 0.0
-    staged_rows: int = 0  # rows committed from files staged while their transaction arrived
-    results: list[TableResult] = field(default_factory=list)
+
+    @property
+    def tables(self) -> int:
+        return len(self.results)
+
+    @property
+    def changes(self) -> int:
+        return sum(r.n_changes for r in self.results)
+
+    @property
+    def rows_written(self) -> int:
+        return sum(r.rows_written for r in self.results)
+
+    @property
+    def rows_removed(self) -> int:
+        return sum(r.rows_removed for r in self.results)
 
 
 class _StagedShare:
@@ -138,18 +151,14 @@ class _StagedShare:
 def _merged(a: BatchStats, b: BatchStats) -> BatchStats:
     return BatchStats(
         transactions=a.transactions + b.transactions,
-        changes=a.changes + b.changes,
-        tables=a.tables + b.tables,
-        rows_written=a.rows_written + b.rows_written,
-        rows_removed=a.rows_removed + b.rows_removed,
         skipped=a.skipped + b.skipped,
+        staged_rows=a.staged_rows + b.staged_rows,
+        results=[*a.results, *b.results],
         plan_seconds=a.plan_seconds + b.plan_seconds,
         job_seconds=a.job_seconds + b.job_seconds,
         commit_seconds=a.commit_seconds + b.commit_seconds,
         started=a.started,
         finished=b.finished,
-        staged_rows=a.staged_rows + b.staged_rows,
-        results=[*a.results, *b.results],
     )
 
 
@@ -271,7 +280,6 @@ class Applier:
                     direct.append(staged.result(max(t.commit_lsn for t in txns)))
                     continue
             tasks.append(self._task(tp, table, txns))
-        stats.tables = len(tasks) + len(direct)
         job_started = time.monotonic()
         stats.plan_seconds = job_started - stats.started
         results = run_tasks(
@@ -304,9 +312,6 @@ class Applier:
             self._expire(table)
             self._applied[ident] = Lsn(r.last_commit_lsn)
             self._tables.pop(ident, None)
-            stats.changes += r.n_changes
-            stats.rows_written += r.rows_written
-            stats.rows_removed += r.rows_removed
             if r.table in shares:
                 stats.staged_rows += shares[r.table].rows
         stats.commit_seconds = time.monotonic() - commit_started
