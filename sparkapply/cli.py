@@ -278,7 +278,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sparkapply.status import gather, render_text, to_json
+    from sparkapply.commands.status import gather, render_text, to_json
 
     status = gather(load_config(args.config))
     print(to_json(status) if args.json else render_text(status))
@@ -286,14 +286,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _skip(args: argparse.Namespace) -> int:
-    from sparkapply.poison import request_skip
+    from sparkapply.commands.skip import request_skip
 
     request_skip(load_config(args.config), args.lsn)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sparkapply.demo import run_demo
+    from sparkapply.commands.demo import run_demo
 
     return run_demo(args.config, rows=args.rows)
 

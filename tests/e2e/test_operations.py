@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
+from sparkapply.commands.status import gather
 from sparkapply.config import MetricsConfig
 from sparkapply.errors import (
     CommitConflictError,
@@ -27,7 +28,6 @@ from sparkapply.errors import (
     SchemaChangeError,
 )
 from sparkapply.lsn import Lsn
-from sparkapply.status import gather
 from sparkapply.subscriber import Subscriber, spark_job_error
 from tests.mirror import Mirror, Running
 from tests.mirror import wait_until as _wait
