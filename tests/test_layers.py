@@ -36,7 +36,6 @@ LAYERS: dict[str, int] = {
             "subscriber",
             "metrics",
             "commands",
-            "read",
             "copy",
             "maintain",
             "verify",

@@ -25,8 +25,8 @@ from sparkapply.copy.snapshot import published_tables
 from sparkapply.errors import CutError
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
-from sparkapply.read import latest_cut
 from sparkapply.sink.atomic import commit_mode
+from sparkapply.sink.read import latest_cut
 from sparkapply.sink.stats import TableStats, table_stats
 from sparkapply.source.connection import connect, describe_dsn
 from sparkapply.state.layout import spool_bytes
