@@ -1,5 +1,7 @@
 """The command line: ``sparkapply run|status|skip|resync|maintain|cut|verify|demo`` (also
-``python -m sparkapply``)."""
+``python -m sparkapply``). It parses the arguments, loads the config and calls the verb
+(``commands/``, ``verify/``, ``maintain/``, the subscriber for ``run``); an error's kind
+is the exit code (2: an operator must act, 1: otherwise)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,28 @@ from types import FrameType
 
 from sparkapply import __version__
 from sparkapply.config import load_config
-from sparkapply.errors import ConfigError, ErrorKind, SparkapplyError
-from sparkapply.lsn import Lsn
+from sparkapply.errors import ErrorKind, SparkapplyError
 
 log = logging.getLogger("sparkapply")
+
+
+# What ``--help`` says of each verb.
+VERBS: dict[str, str] = {
+    "run": "replicate until stopped (SIGTERM / Ctrl-C)",
+    "demo": "start a bundled PostgreSQL with a sample workload and mirror it (embedded defaults)",
+    "resync": "copy one table again from a fresh snapshot, replacing its Iceberg contents "
+    "(with sparkapply stopped)",
+    "status": "show the slot, each table's applied LSN and counts, pending prepared "
+    "transactions and the spool (also while `run` runs)",
+    "skip": "drop the one source transaction that finishes at --lsn (as ALTER SUBSCRIPTION "
+    "... SKIP does); the running or next `run` skips it",
+    "maintain": "compact, merge manifests, expire snapshots (deleting their files) and sweep "
+    "orphans now, whatever the thresholds",
+    "cut": "print the newest cut: an LSN and each table's Iceberg snapshot id holding "
+    "exactly the transactions up to it (read them together for a consistent mirror)",
+    "verify": "compare the mirror with the publisher at one exact LSN; exit 0 when every "
+    "table matches, 1 when one differs, 2 when verify could not run",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,73 +52,56 @@ def _parser() -> argparse.ArgumentParser:
         "(otherwise in <work_dir>/logs/spark.log)",
     )
     sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
-    run = sub.add_parser("run", help="replicate until stopped (SIGTERM / Ctrl-C)")
-    run.add_argument("--config", required=True, help="TOML config file")
-    run.add_argument(
+    _verb(sub, "run").add_argument(
         "--until-caught-up",
         action="store_true",
         help="exit 0 once everything committed before the start is applied and acknowledged",
     )
-    demo = sub.add_parser(
-        "demo",
-        help="start a bundled PostgreSQL with a sample workload and mirror it (embedded defaults)",
-    )
-    demo.add_argument("--config", default="configs/local.toml", help="TOML config file")
-    demo.add_argument(
+    _verb(sub, "demo", config_default="configs/local.toml").add_argument(
         "--rows",
         type=int,
         default=1_000_000,
         help="rows in shop.orders before sparkapply starts (copied); the live bulk load "
         "adds a tenth of that",
     )
-    resync = sub.add_parser(
-        "resync",
-        help="copy one table again from a fresh snapshot, replacing its Iceberg contents "
-        "(with sparkapply stopped)",
+    _verb(sub, "resync").add_argument(
+        "--table", required=True, help="the published table, schema.table"
     )
-    resync.add_argument("--config", required=True, help="TOML config file")
-    resync.add_argument("--table", required=True, help="the published table, schema.table")
-    status = sub.add_parser(
-        "status",
-        help="show the slot, each table's applied LSN and counts, pending prepared "
-        "transactions and the spool (also while `run` runs)",
+    _verb(sub, "status").add_argument(
+        "--json", action="store_true", help="print JSON (for scripts)"
     )
-    status.add_argument("--config", required=True, help="TOML config file")
-    status.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-    skip = sub.add_parser(
-        "skip",
-        help="drop the one source transaction that finishes at --lsn (as ALTER SUBSCRIPTION "
-        "... SKIP does); the running or next `run` skips it",
-    )
-    skip.add_argument("--config", required=True, help="TOML config file")
-    skip.add_argument(
+    _verb(sub, "skip").add_argument(
         "--lsn",
         required=True,
         help="the transaction's commit LSN X/Y, as the apply error names it (for a prepared "
         "transaction its COMMIT PREPARED or PREPARE LSN)",
     )
-    _maintain_parser(sub)
-    return p
-
-
-def _maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    maintain = sub.add_parser(
-        "maintain",
-        help="compact, merge manifests, expire snapshots (deleting their files) and sweep "
-        "orphans now, whatever the thresholds",
-    )
-    maintain.add_argument("--config", required=True, help="TOML config file")
+    maintain = _verb(sub, "maintain")
     maintain.add_argument("--table", help="only this table, schema.table (default: all)")
     maintain.add_argument(
         "--dry-run", action="store_true", help="report what would be done; change nothing"
     )
-    _cut_parser(sub)
-    verify = sub.add_parser(
-        "verify",
-        help="compare the mirror with the publisher at one exact LSN; exit 0 when every "
-        "table matches, 1 when one differs, 2 when verify could not run",
-    )
-    verify.add_argument("--config", required=True, help="TOML config file")
+    _cut_parser(_verb(sub, "cut"))
+    _verify_parser(_verb(sub, "verify"))
+    return p
+
+
+def _verb(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    config_default: str | None = None,
+) -> argparse.ArgumentParser:
+    """The parser of one verb, with its ``--config`` (required unless it has a default)."""
+    verb = sub.add_parser(name, help=VERBS[name])
+    if config_default is None:
+        verb.add_argument("--config", required=True, help="TOML config file")
+    else:
+        verb.add_argument("--config", default=config_default, help="TOML config file")
+    return verb
+
+
+def _verify_parser(verify: argparse.ArgumentParser) -> None:
     verify.add_argument(
         "--table", action="append", default=[], help="only this table, schema.table (repeat)"
     )
@@ -114,13 +117,7 @@ def _maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
 
 
-def _cut_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cut = sub.add_parser(
-        "cut",
-        help="print the newest cut: an LSN and each table's Iceberg snapshot id holding "
-        "exactly the transactions up to it (read them together for a consistent mirror)",
-    )
-    cut.add_argument("--config", required=True, help="TOML config file")
+def _cut_parser(cut: argparse.ArgumentParser) -> None:
     which = cut.add_mutually_exclusive_group()
     which.add_argument("--lsn", help="the newest cut at or before this LSN (X/Y)")
     which.add_argument(
@@ -139,80 +136,6 @@ def _cut_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     which.add_argument("--untag", metavar="NAME", help="remove the tag NAME from every table")
     cut.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-
-
-def _cut(args: argparse.Namespace) -> int:
-    import json
-
-    from sparkapply.read import latest_cut, wait_for_cut
-
-    config = load_config(args.config)
-    if not config.sink.cuts_table:
-        raise ConfigError("no cuts are recorded: [sink] cuts_table is empty", key="sink.cuts_table")
-    from sparkapply.sink.atomic import atomic_commits
-    from sparkapply.sink.catalog import open_catalog
-    from sparkapply.sink.cuts import tag_cut, untag
-
-    lsn = _lsn_argument(args.lsn, "--lsn")
-    at_lsn = _lsn_argument(args.at_lsn, "--at-lsn")
-    catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
-    atomic = config.sink.atomic_commit and atomic_commits(catalog)
-    if args.untag is not None:
-        if args.tag is not None:
-            raise ConfigError("--tag and --untag exclude each other", key="--untag")
-        newest = latest_cut(catalog, cuts_table=config.sink.cuts_table)
-        done = untag(catalog, args.untag, newest.iceberg.values(), atomic=atomic)
-        log.info("removed tag %s from %d tables", args.untag, len(done))
-        return 0
-    if at_lsn is not None:
-        cut = wait_for_cut(config, at_lsn, timeout=args.timeout)
-    else:
-        cut = latest_cut(catalog, lsn=lsn, cuts_table=config.sink.cuts_table)
-    if args.tag is not None:
-        tagged = tag_cut(catalog, cut, args.tag, atomic=atomic)
-        log.info("tagged %d tables %s at the cut at %s", len(tagged), args.tag, cut.lsn)
-    if args.json:
-        print(json.dumps(cut.as_json()))
-        return 0
-    committed = cut.committed_at.isoformat() if cut.committed_at else "unknown"
-    print(f"cut at LSN {cut.lsn}, committed on the publisher at {committed}")
-    width = max((len(t) for t in cut.tables), default=5)
-    for table, snapshot_id in sorted(cut.tables.items()):
-        print(f"  {table:<{width}}  snapshot {snapshot_id}  ({cut.iceberg.get(table, table)})")
-    return 0
-
-
-def _lsn_argument(value: str | None, option: str) -> Lsn | None:
-    if value is None:
-        return None
-    try:
-        return Lsn(value)
-    except ValueError as exc:
-        raise ConfigError(f"{option}: {exc}", key=option) from None
-
-
-def _verify(args: argparse.Namespace) -> int:
-    from sparkapply.verify.command import run_verify
-
-    try:
-        report = run_verify(
-            load_config(args.config),
-            tables=args.table,
-            timeout=args.timeout,
-            max_rows=args.max_rows,
-        )
-    except SparkapplyError as exc:
-        log.error("verify could not run: %s", exc)
-        return 2
-    print(report.as_json() if args.json else report.render())
-    return 0 if report.match else 1
-
-
-def _maintain(args: argparse.Namespace) -> int:
-    from sparkapply.maintain.command import run_maintain
-
-    run_maintain(load_config(args.config), table=args.table, dry_run=args.dry_run)
-    return 0
 
 
 def _install_signals(stop: object) -> None:
@@ -278,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sparkapply.status import gather, render_text, to_json
+    from sparkapply.commands.status import gather, render_text, to_json
 
     status = gather(load_config(args.config))
     print(to_json(status) if args.json else render_text(status))
@@ -286,14 +209,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _skip(args: argparse.Namespace) -> int:
-    from sparkapply.poison import request_skip
+    from sparkapply.commands.skip import request_skip
 
     request_skip(load_config(args.config), args.lsn)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sparkapply.demo import run_demo
+    from sparkapply.commands.demo import run_demo
 
     return run_demo(args.config, rows=args.rows)
 
@@ -303,6 +226,41 @@ def _resync(args: argparse.Namespace) -> int:
 
     report = resync(load_config(args.config), args.table)
     log.info("resync of %s done: %s rows", args.table, f"{report.total_rows:,}")
+    return 0
+
+
+def _cut(args: argparse.Namespace) -> int:
+    from sparkapply.commands.cut import run_cut, untag_cut
+
+    config = load_config(args.config)
+    if args.untag is not None:
+        return untag_cut(config, args.untag, tag=args.tag)
+    return run_cut(
+        config, args.lsn, args.at_lsn, timeout=args.timeout, tag=args.tag, as_json=args.json
+    )
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from sparkapply.verify.command import run_verify
+
+    try:
+        report = run_verify(
+            load_config(args.config),
+            tables=args.table,
+            timeout=args.timeout,
+            max_rows=args.max_rows,
+        )
+    except SparkapplyError as exc:
+        log.error("verify could not run: %s", exc)
+        return 2
+    print(report.as_json() if args.json else report.render())
+    return 0 if report.match else 1
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from sparkapply.maintain.command import run_maintain
+
+    run_maintain(load_config(args.config), table=args.table, dry_run=args.dry_run)
     return 0
 
 

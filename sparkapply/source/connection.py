@@ -1,15 +1,21 @@
-"""The replication connection: libpq in ``replication=database`` mode via ``psycopg.pq``.
+"""The connections to the publisher: the replication connection, and :func:`connect`.
 
-Owns the socket. Runs replication commands, then drives COPY BOTH: ``read_copy_data``
-waits at most ``timeout`` seconds for one CopyData message, ``send_copy_data`` writes
-one. Any libpq failure becomes :class:`ConnectionLostError` (transient) unless the
-server said something an operator must fix. The connection string is never logged.
+The replication connection is libpq in ``replication=database`` mode via ``psycopg.pq``.
+It owns the socket. It runs replication commands, then drives COPY BOTH:
+``read_copy_data`` waits at most ``timeout`` seconds for one CopyData message,
+``send_copy_data`` writes one. Any libpq failure becomes :class:`ConnectionLostError`
+(transient) unless the server said something an operator must fix.
+
+:func:`connect` is the one way to open a plain SQL session on the publisher (the
+preflight, ``status``, ``skip``, ``resync``, ``verify``). The connection string is
+never logged, nor put in an error: errors name the server as :func:`describe_dsn` does.
 """
 
 from __future__ import annotations
 
 import select
 import time
+from typing import Any
 
 import psycopg
 from psycopg import pq
@@ -57,6 +63,31 @@ def describe_dsn(dsn: str) -> str:
         return "<unparsable connection string>"
     host, port = p.get("host", "localhost"), p.get("port", 5432)
     return f"{host}:{port}/{p.get('dbname', '?')} as {p.get('user', '?')}"
+
+
+def connect(
+    dsn: str,
+    *,
+    application_name: str | None = None,
+    autocommit: bool = True,
+    connect_timeout: float = 10.0,
+) -> psycopg.Connection[tuple[Any, ...]]:
+    """A SQL session (not a walsender) on the publisher, with what every sparkapply
+    session needs (:func:`session_conninfo`). A failure to connect is a
+    :class:`SourceError` that names the server (host, port, database, user), never
+    the password or the connection string: no retry here, an operator checks the DSN."""
+    conninfo = session_conninfo(
+        dsn,
+        application_name=application_name,
+        connect_timeout=str(max(1, int(connect_timeout))),
+    )
+    try:
+        return psycopg.connect(conninfo, autocommit=autocommit)
+    except psycopg.OperationalError as exc:
+        raise SourceError(
+            f"cannot connect to the publisher {describe_dsn(dsn)}: {str(exc).strip()}",
+            hint="check [source] dsn",
+        ) from exc
 
 
 def _connection_lost(sqlstate: str) -> bool:

@@ -26,7 +26,7 @@ from sparkapply.errors import (
     SourceError,
 )
 from sparkapply.lsn import Lsn
-from sparkapply.source.connection import ReplicationConnection, describe_dsn
+from sparkapply.source.connection import ReplicationConnection, connect, describe_dsn
 from sparkapply.source.negotiation import (
     Protocol,
     create_slot_command,
@@ -94,14 +94,7 @@ def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, li
     """Version, wal_level, publications and the published tables with their replica
     identity (a table without one is mirrored append-only)."""
     where = describe_dsn(dsn)
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise SourceError(
-            f"cannot connect to the publisher {where}: {str(exc).strip()}",
-            hint="check [source] dsn",
-        ) from exc
-    with conn:
+    with connect(dsn) as conn:
         protocol = negotiate(conn.info.server_version)
         _check_replication_privilege(conn, where)
         wal_level = conn.execute("SHOW wal_level").fetchone()

@@ -29,12 +29,12 @@ from typing import Any, Literal
 from pyiceberg.catalog import Catalog
 
 from sparkapply.changes.cut_requests import HOLD_SETTLE, CutRequests
+from sparkapply.commands.cut import wait_for_cut
 from sparkapply.config import Config
 from sparkapply.convert.types import PgColumnType, column_target
 from sparkapply.copy.snapshot import SourceTable, describe_tables
 from sparkapply.errors import ConfigError, CutPassedError
 from sparkapply.lsn import Lsn
-from sparkapply.read import wait_for_cut
 from sparkapply.state.verdict import record_verify
 from sparkapply.verify.canonical import NULL
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape, mirror_rows, mirror_sums

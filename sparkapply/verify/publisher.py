@@ -21,7 +21,7 @@ from psycopg import sql
 from sparkapply.config import Config
 from sparkapply.copy.snapshot import SourceTable, begin_at_snapshot
 from sparkapply.lsn import Lsn
-from sparkapply.source.connection import session_conninfo
+from sparkapply.source.connection import connect
 from sparkapply.source.publisher import temporary_snapshot
 from sparkapply.verify.canonical import (
     HASH_MOD,
@@ -48,7 +48,12 @@ def exact_point(
     ``before`` is given the publisher's WAL position before the slot is created."""
     src = config.source
     with temporary_snapshot(src, "verify", "verify", before=before) as (snapshot, point):
-        conn = psycopg.connect(session_conninfo(src.dsn, application_name="sparkapply verify"))
+        conn = connect(
+            src.dsn,
+            application_name="sparkapply verify",
+            autocommit=False,
+            connect_timeout=src.connect_timeout,
+        )
         try:
             begin_at_snapshot(conn, snapshot)
         except BaseException:

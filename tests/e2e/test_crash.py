@@ -8,9 +8,9 @@ import psycopg
 import pytest
 
 from sparkapply.errors import CutError
-from sparkapply.read import latest_cut
 from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.progress import applied_lsn, lineage_lsn
+from sparkapply.sink.read import latest_cut
 from tests.conftest import PgServer
 from tests.mirror import Mirror
 

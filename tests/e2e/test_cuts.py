@@ -17,17 +17,17 @@ import psycopg
 import pytest
 
 from sparkapply.cli import main
+from sparkapply.commands.cut import wait_for_cut
 from sparkapply.config import load_config
 from sparkapply.errors import CutError
 from sparkapply.lsn import Lsn
 from sparkapply.maintain.plan import health
-from sparkapply.read import cut_snapshots, latest_cut, wait_for_cut
+from sparkapply.read import cut_snapshots, latest_cut, read_table
 from sparkapply.run.subscriber import Subscriber
 from sparkapply.sink.atomic import atomic_commits
 from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.cuts import cuts_identifier, read_cuts
 from sparkapply.sink.maintenance import expire_and_delete
-from sparkapply.sink.read import read_table
 from tests.conftest import PgServer
 from tests.mirror import Mirror, Running, assert_readers_agree
 from tests.readers import Readers, duckdb_connection

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
+from sparkapply.commands.status import gather
 from sparkapply.config import MetricsConfig
 from sparkapply.errors import (
     CommitConflictError,
@@ -29,7 +30,6 @@ from sparkapply.errors import (
 from sparkapply.lsn import Lsn
 from sparkapply.run.errors import spark_job_error
 from sparkapply.run.subscriber import Subscriber
-from sparkapply.status import gather
 from tests.mirror import Mirror, Running
 from tests.mirror import wait_until as _wait
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from sparkapply.status import (
+from sparkapply.commands.status import (
     PreparedStatus,
     SlotStatus,
     Status,

@@ -10,6 +10,10 @@ one-line verdict (exit code 0 when every table matches).
 Everything lives under the config's ``work_dir``: the PostgreSQL data directory, the
 spool, the SQLite catalog, the warehouse and Spark's log. Run it twice and it starts
 afresh.
+
+The demo's own SQL (the schema, the workload, the waits for the mirror) plays the
+application on the bundled server, so it connects with psycopg as any client would;
+sparkapply's own sessions on the publisher go through ``source.connection.connect``.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import logging
 import shutil
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import psycopg
 
-from sparkapply.config import load_config
+from sparkapply.config import Config, load_config
 from sparkapply.embedded import EmbeddedPostgres
 from sparkapply.lsn import Lsn
+
+if TYPE_CHECKING:
+    from sparkapply.verify.command import VerifyReport
 
 log = logging.getLogger(__name__)
 
@@ -146,27 +154,32 @@ def run_demo(config_path: str, *, rows: int = 1_000_000) -> int:
             thread.join()
         if errors:
             raise errors[0]
-        print()
-        print(report.render())
-        props = config.catalog_properties()
-        print()
-        print(f"warehouse: {props.get('warehouse')}")
-        print(f"catalog:   {props.get('uri')} (pyiceberg SQL catalog '{config.sink.catalog_name}')")
-        print(
-            'read it:   python -c "from pyiceberg.catalog import load_catalog; '
-            f"c = load_catalog('{config.sink.catalog_name}', type='sql', "
-            f"uri='{props.get('uri')}', warehouse='{props.get('warehouse')}'); "
-            "print(c.load_table('shop.orders').scan().to_arrow().num_rows)\""
-        )
-        print()
-        if not report.match:
-            bad = ", ".join(t.table for t in report.tables if not t.match)
-            print(f"MISMATCH: {bad} differ between PostgreSQL and Iceberg")
-            return 1
-        print(
-            f"OK: all {len(report.tables)} tables identical in PostgreSQL and Iceberg at "
-            f"{report.lsn} (sparkapply verify: row counts and content hashes)"
-        )
-        return 0
+        return _verdict(config, report)
     finally:
         pg.stop()
+
+
+def _verdict(config: Config, report: VerifyReport) -> int:
+    """Print the verify report, where the mirror is and how to read it; the exit code."""
+    print()
+    print(report.render())
+    props = config.catalog_properties()
+    print()
+    print(f"warehouse: {props.get('warehouse')}")
+    print(f"catalog:   {props.get('uri')} (pyiceberg SQL catalog '{config.sink.catalog_name}')")
+    print(
+        'read it:   python -c "from pyiceberg.catalog import load_catalog; '
+        f"c = load_catalog('{config.sink.catalog_name}', type='sql', "
+        f"uri='{props.get('uri')}', warehouse='{props.get('warehouse')}'); "
+        "print(c.load_table('shop.orders').scan().to_arrow().num_rows)\""
+    )
+    print()
+    if not report.match:
+        bad = ", ".join(t.table for t in report.tables if not t.match)
+        print(f"MISMATCH: {bad} differ between PostgreSQL and Iceberg")
+        return 1
+    print(
+        f"OK: all {len(report.tables)} tables identical in PostgreSQL and Iceberg at "
+        f"{report.lsn} (sparkapply verify: row counts and content hashes)"
+    )
+    return 0

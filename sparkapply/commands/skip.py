@@ -18,9 +18,9 @@ import psycopg
 from sparkapply.changes.prepared import pending_prepared
 from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
-from sparkapply.errors import ConfigError, SlotError
+from sparkapply.errors import ConfigError, SlotError, SourceError
 from sparkapply.lsn import Lsn
-from sparkapply.source.connection import describe_dsn
+from sparkapply.source.connection import connect, describe_dsn
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +63,21 @@ def _confirmed(config: Config) -> Lsn | None:
     recorded unchecked: it can only ever match a transaction not yet acknowledged)."""
     src = config.source
     try:
-        with psycopg.connect(src.dsn, autocommit=True, connect_timeout=10) as conn:
+        with connect(
+            src.dsn, application_name="sparkapply skip", connect_timeout=src.connect_timeout
+        ) as conn:
             row = conn.execute(
                 "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                 (src.slot,),
             ).fetchone()
-    except psycopg.OperationalError as exc:
+    except (SourceError, psycopg.OperationalError) as exc:
+        # The log names the server's own reason, as psycopg gave it.
+        reason = exc.__cause__ if isinstance(exc, SourceError) and exc.__cause__ else exc
         log.warning(
             "cannot read slot %s on %s (%s); recording the skip without checking it",
             src.slot,
             describe_dsn(src.dsn),
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__,
         )
         return None
     if row is None or row[0] is None:

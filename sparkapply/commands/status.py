@@ -22,13 +22,13 @@ from sparkapply.changes.prepared import pending_prepared
 from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
 from sparkapply.copy.snapshot import published_tables
-from sparkapply.errors import CutError, SourceError
+from sparkapply.errors import CutError
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
-from sparkapply.read import latest_cut
 from sparkapply.sink.atomic import commit_mode
+from sparkapply.sink.read import latest_cut
 from sparkapply.sink.stats import TableStats, table_stats
-from sparkapply.source.connection import describe_dsn
+from sparkapply.source.connection import connect, describe_dsn
 from sparkapply.state.layout import spool_bytes
 
 
@@ -82,14 +82,9 @@ def gather(config: Config, catalog: Any | None = None) -> Status:
     """Read the status; ``catalog`` defaults to the configured one."""
     src = config.source
     where = describe_dsn(src.dsn)
-    try:
-        conn = psycopg.connect(src.dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise SourceError(
-            f"cannot connect to the publisher {where}: {str(exc).strip()}",
-            hint="check [source] dsn",
-        ) from exc
-    with conn:
+    with connect(
+        src.dsn, application_name="sparkapply status", connect_timeout=src.connect_timeout
+    ) as conn:
         slot = _slot(conn, src.slot)
         names = published_tables(conn, src.publication)
     if catalog is None:
