@@ -364,11 +364,7 @@ def _buffered_transactions(w: psycopg.Connection[Any], xids: dict[str, int], big
         ("prepare_rollback", "gid-1", "ROLLBACK"),  # the same gid, reused
         ("prepare_empty_gid", "", "COMMIT"),
     ):
-        w.execute("BEGIN")
-        xids[name] = current_xid(w)
-        w.execute("INSERT INTO app.log_t VALUES (%s)", (name,))
-        w.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-        w.execute(sql.SQL(finish + " PREPARED {}").format(sql.Literal(gid)))
+        _prepared_transaction(w, xids, name, gid, finish, rows=1)
 
 
 def _streamed_transactions(w: psycopg.Connection[Any], xids: dict[str, int]) -> None:
@@ -398,9 +394,17 @@ def _streamed_transactions(w: psycopg.Connection[Any], xids: dict[str, int]) -> 
         ("stream_prepare_commit", "gid-s", "COMMIT"),
         ("stream_prepare_rollback", "gid-s", "ROLLBACK"),
     ):
-        w.execute("BEGIN")
-        xids[name] = current_xid(w)
+        _prepared_transaction(w, xids, name, gid, finish, rows=2)
+
+
+def _prepared_transaction(
+    w: psycopg.Connection[Any], xids: dict[str, int], name: str, gid: str, finish: str, *, rows: int
+) -> None:
+    """Insert ``rows`` rows into app.log_t, PREPARE TRANSACTION ``gid``, then ``finish``
+    (COMMIT or ROLLBACK) PREPARED; the xid goes into ``xids[name]``."""
+    w.execute("BEGIN")
+    xids[name] = current_xid(w)
+    for _ in range(rows):
         w.execute("INSERT INTO app.log_t VALUES (%s)", (name,))
-        w.execute("INSERT INTO app.log_t VALUES (%s)", (name,))
-        w.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-        w.execute(sql.SQL(finish + " PREPARED {}").format(sql.Literal(gid)))
+    w.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    w.execute(sql.SQL(finish + " PREPARED {}").format(sql.Literal(gid)))
