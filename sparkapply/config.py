@@ -286,7 +286,31 @@ def load_config(
 
 
 def _build(raw: Mapping[str, Any]) -> Config:
-    src = dict(raw.get("source", {}))
+    # Section by section, in this order: the first bad key found is the one reported.
+    source = _source(dict(raw.get("source", {})))
+    sink = _sink(dict(raw.get("sink", {})))
+    spark_raw = dict(raw.get("spark", {}))
+    spark = SparkConfig(
+        master=spark_raw.get("master", "local[*]"),
+        app_name=spark_raw.get("app_name", "sparkapply"),
+        conf=_str_table("spark.conf", spark_raw.get("conf", {})),
+    )
+    apply = _apply(dict(raw.get("apply", {})))
+    metrics = _metrics(dict(raw.get("metrics", {})))
+    maintenance = _maintenance(dict(raw.get("maintenance", {})))
+    work_dir = Path(raw.get("work_dir", ".sparkapply")).expanduser().absolute()
+    return Config(
+        source=source,
+        work_dir=work_dir,
+        sink=sink,
+        spark=spark,
+        apply=apply,
+        metrics=metrics,
+        maintenance=maintenance,
+    )
+
+
+def _source(src: dict[str, Any]) -> SourceConfig:
     if "dsn" not in src:
         raise ConfigError("[source] dsn is required", key="source.dsn")
     pubs = src.get("publication")
@@ -307,9 +331,10 @@ def _build(raw: Mapping[str, Any]) -> Config:
             src[key] = float(src[key])
             if src[key] <= 0:
                 raise ConfigError(f"source.{key} must be positive", key=f"source.{key}")
-    source = SourceConfig(**src)
+    return SourceConfig(**src)
 
-    sink_raw = dict(raw.get("sink", {}))
+
+def _sink(sink_raw: dict[str, Any]) -> SinkConfig:
     sink = SinkConfig(
         catalog_name=sink_raw.get("catalog_name", "sparkapply"),
         catalog=_str_table("sink.catalog", sink_raw.get("catalog", {})),
@@ -332,13 +357,10 @@ def _build(raw: Mapping[str, Any]) -> Config:
                     f"sink.tables {key} {name!r} must be 'schema.table'",
                     key=f"sink.tables.{pg_name}",
                 )
-    spark_raw = dict(raw.get("spark", {}))
-    spark = SparkConfig(
-        master=spark_raw.get("master", "local[*]"),
-        app_name=spark_raw.get("app_name", "sparkapply"),
-        conf=_str_table("spark.conf", spark_raw.get("conf", {})),
-    )
-    apply_raw = dict(raw.get("apply", {}))
+    return sink
+
+
+def _apply(apply_raw: dict[str, Any]) -> ApplyConfig:
     if "batch_linger" in apply_raw:
         apply_raw["batch_linger"] = float(apply_raw["batch_linger"])
         # 0 is allowed: cut a batch as soon as a transaction is ready.
@@ -357,8 +379,10 @@ def _build(raw: Mapping[str, Any]) -> Config:
         zero_allowed = ("batch_linger", "max_tasks_per_table", "stage_bytes", "driver_fold_bytes")
         if value <= 0 and key not in zero_allowed:
             raise ConfigError(f"apply.{key} must be positive", key=f"apply.{key}")
-    apply = ApplyConfig(**apply_raw)
-    metrics_raw = dict(raw.get("metrics", {}))
+    return ApplyConfig(**apply_raw)
+
+
+def _metrics(metrics_raw: dict[str, Any]) -> MetricsConfig:
     metrics = MetricsConfig(**metrics_raw)
     if metrics.port is not None and not 0 <= metrics.port <= 65535:
         raise ConfigError(
@@ -368,17 +392,7 @@ def _build(raw: Mapping[str, Any]) -> Config:
         )
     if not metrics.host:
         raise ConfigError("metrics.host must not be empty", key="metrics.host")
-    maintenance = _maintenance(dict(raw.get("maintenance", {})))
-    work_dir = Path(raw.get("work_dir", ".sparkapply")).expanduser().absolute()
-    return Config(
-        source=source,
-        work_dir=work_dir,
-        sink=sink,
-        spark=spark,
-        apply=apply,
-        metrics=metrics,
-        maintenance=maintenance,
-    )
+    return metrics
 
 
 def _check_dsn(dsn: str) -> None:

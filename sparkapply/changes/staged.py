@@ -1,20 +1,37 @@
 """The stager as ``changes/`` sees it: what it is told, and what it hands back.
 
-The stager (``apply/stager.py``) stages a streamed transaction's pieces while the
+The stager (``staging/stager.py``) stages a streamed transaction's pieces while the
 transaction is still arriving. ``changes/`` does not import it: the assembler talks to
-a :class:`StreamStager`, and a committed transaction carries the stager's result as an
-opaque :class:`Staged` that only the apply opens. ``apply/stager.py``'s ``Stager`` and
-``StagedWork`` satisfy these protocols structurally (mypy checks it where the
-subscriber hands the one to the assembler).
+a :class:`StreamStager`, telling it of each :class:`ClosedChunk`, and a committed
+transaction carries the stager's result as an opaque :class:`Staged` that only the
+apply opens. ``staging/``'s ``Stager`` and ``StagedWork`` satisfy these protocols
+structurally (mypy checks it where the subscriber hands the one to the assembler).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias
 
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.pgoutput import messages as m
+
+RelationsAt: TypeAlias = Callable[[int], tuple[m.Relation, ...]]
+"""The relation cache entries a streamed transaction had in effect at a spool offset."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedChunk:
+    """A streamed transaction's spool has grown to ``end`` (a chunk closed, or enough
+    was spooled within one): what the stager is told."""
+
+    xid: int
+    path: str  # the transaction's stream spool
+    end: int
+    relation_ids: Sequence[int]  # every relation the transaction has changed so far
+    relations_at: RelationsAt
+    mutated: Sequence[int] = ()  # of those, updated, deleted from or truncated
 
 
 class StagedShare(Protocol):
@@ -59,22 +76,14 @@ class StreamStager(Protocol):
 
     stage_bytes: int  # also offered a piece within a chunk, every this many bytes
 
-    def chunk_closed(
-        self,
-        xid: int,
-        path: str,
-        end: int,
-        relation_ids: Sequence[int],
-        relations_at: Callable[[int], tuple[m.Relation, ...]],
-        mutated: Sequence[int] = (),
-    ) -> None: ...
+    def chunk_closed(self, chunk: ClosedChunk) -> None: ...
 
     def truncated(self, xid: int, offset: int) -> None: ...
 
     def dropped(self, xid: int, *, for_good: bool = False) -> None: ...
 
     def committed(
-        self, xid: int, path: str, end: int, relations_at: Callable[[int], tuple[m.Relation, ...]]
+        self, xid: int, path: str, end: int, relations_at: RelationsAt
     ) -> Staged | None: ...
 
     def holds(self, xid: int) -> bool: ...

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from sparkapply.changes.open_txn import OpenTxn
 from sparkapply.changes.spool import SpoolDirectory
-from sparkapply.changes.staged import StreamStager
+from sparkapply.changes.staged import ClosedChunk, StreamStager
 from sparkapply.pgoutput import messages as m
 
 
@@ -106,10 +106,12 @@ def offer_piece(txn: OpenTxn, stager: StreamStager) -> None:
     txn.writer.flush()
     txn.stage_mark = txn.writer.offset
     stager.chunk_closed(
-        txn.xid,
-        str(txn.writer.path),
-        txn.writer.offset,
-        sorted(txn.relation_ids),
-        txn.history.relations_at,
-        sorted(txn.mutated),
+        ClosedChunk(
+            txn.xid,
+            str(txn.writer.path),
+            txn.writer.offset,
+            sorted(txn.relation_ids),
+            txn.history.relations_at,
+            sorted(txn.mutated),
+        )
     )

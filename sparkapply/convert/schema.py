@@ -289,21 +289,17 @@ def plan_evolution(
         widen.extend(found)
 
     present = {name for name, _ in columns}
-    dropped = tuple(f.name for f in current.fields if f.name not in present)
-
     old_ids = {current.find_column_name(i) for i in current.identifier_field_ids}
-    make_required = tuple(n for n in new_ids if n in by_name and not by_name[n].required)
-    make_optional = tuple(f.name for f in current.fields if f.required and f.name not in new_ids)
     return EvolutionPlan(
         table=table,
         lsn=lsn,
         add=tuple(add),
         widen=tuple(widen),
-        dropped=dropped,
+        dropped=tuple(f.name for f in current.fields if f.name not in present),
         identifier_field_names=new_ids,
         identifier_changed=set(new_ids) != old_ids,
-        make_required=make_required,
-        make_optional=make_optional,
+        make_required=tuple(n for n in new_ids if n in by_name and not by_name[n].required),
+        make_optional=tuple(f.name for f in current.fields if f.required and f.name not in new_ids),
     )
 
 

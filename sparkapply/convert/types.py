@@ -173,175 +173,110 @@ _ARROW_TYPES: dict[ColumnKind, pa.DataType] = {
     ColumnKind.UUID: pa.uuid(),
 }
 
-_S = ColumnKind.STRING
-
 # ---------------------------------------------------------------------------------
-# THE OID TABLE: built-in base types (pg_type.dat, PostgreSQL 16), name and kind.
-# Anything built-in that is not listed (pseudo-types, catalog row types) is text too.
-# NUMERIC is listed as STRING; column_target() refines it by type modifier.
+# THE OID TABLE: built-in base types (pg_type.dat, PostgreSQL 16), one a line: OID,
+# name, kind, and the OID of its array type (pg_type.typarray; an array column's type
+# modifier is its element's modifier). Anything built-in that is not listed
+# (pseudo-types, catalog row types) is text too. numeric is listed as string;
+# column_target() refines it by type modifier. oid is unsigned 32-bit, so it needs a
+# long; int2vector and oidvector print space-separated, not as array literals.
 # ---------------------------------------------------------------------------------
 _NUMERIC_OID = 1700
 _BOX_OID = 603  # the one built-in type whose array delimiter is ';', not ','
 
-_SCALARS: dict[int, tuple[str, ColumnKind]] = {
-    16: ("bool", ColumnKind.BOOLEAN),
-    17: ("bytea", ColumnKind.BINARY),
-    18: ("char", _S),
-    19: ("name", _S),
-    20: ("int8", ColumnKind.LONG),
-    21: ("int2", ColumnKind.INT),
-    22: ("int2vector", _S),  # space-separated, not an array literal
-    23: ("int4", ColumnKind.INT),
-    24: ("regproc", _S),
-    25: ("text", _S),
-    26: ("oid", ColumnKind.LONG),  # unsigned 32-bit: needs a long
-    27: ("tid", _S),
-    28: ("xid", _S),
-    29: ("cid", _S),
-    30: ("oidvector", _S),  # space-separated, not an array literal
-    114: ("json", _S),
-    142: ("xml", _S),
-    600: ("point", _S),
-    601: ("lseg", _S),
-    602: ("path", _S),
-    603: ("box", _S),
-    604: ("polygon", _S),
-    628: ("line", _S),
-    650: ("cidr", _S),
-    700: ("float4", ColumnKind.FLOAT),
-    701: ("float8", ColumnKind.DOUBLE),
-    718: ("circle", _S),
-    774: ("macaddr8", _S),
-    790: ("money", _S),
-    829: ("macaddr", _S),
-    869: ("inet", _S),
-    1033: ("aclitem", _S),
-    1042: ("bpchar", _S),
-    1043: ("varchar", _S),
-    1082: ("date", ColumnKind.DATE),
-    1083: ("time", ColumnKind.TIME),
-    1114: ("timestamp", ColumnKind.TIMESTAMP),
-    1184: ("timestamptz", ColumnKind.TIMESTAMPTZ),
-    1186: ("interval", _S),
-    1266: ("timetz", _S),
-    1560: ("bit", _S),
-    1562: ("varbit", _S),
-    1700: ("numeric", _S),
-    1790: ("refcursor", _S),
-    2202: ("regprocedure", _S),
-    2203: ("regoper", _S),
-    2204: ("regoperator", _S),
-    2205: ("regclass", _S),
-    2206: ("regtype", _S),
-    2950: ("uuid", ColumnKind.UUID),
-    2970: ("txid_snapshot", _S),
-    3220: ("pg_lsn", _S),
-    3614: ("tsvector", _S),
-    3615: ("tsquery", _S),
-    3642: ("gtsvector", _S),
-    3734: ("regconfig", _S),
-    3769: ("regdictionary", _S),
-    3802: ("jsonb", _S),
-    3904: ("int4range", _S),
-    3906: ("numrange", _S),
-    3908: ("tsrange", _S),
-    3910: ("tstzrange", _S),
-    3912: ("daterange", _S),
-    3926: ("int8range", _S),
-    4072: ("jsonpath", _S),
-    4089: ("regnamespace", _S),
-    4096: ("regrole", _S),
-    4191: ("regcollation", _S),
-    4451: ("int4multirange", _S),
-    4532: ("nummultirange", _S),
-    4533: ("tsmultirange", _S),
-    4534: ("tstzmultirange", _S),
-    4535: ("datemultirange", _S),
-    4536: ("int8multirange", _S),
-    5038: ("pg_snapshot", _S),
-    5069: ("xid8", _S),
-}
+_OID_TABLE = """
+16    bool            boolean      1000
+17    bytea           binary       1001
+18    char            string       1002
+19    name            string       1003
+20    int8            long         1016
+21    int2            int          1005
+22    int2vector      string       1006
+23    int4            int          1007
+24    regproc         string       1008
+25    text            string       1009
+26    oid             long         1028
+27    tid             string       1010
+28    xid             string       1011
+29    cid             string       1012
+30    oidvector       string       1013
+114   json            string       199
+142   xml             string       143
+600   point           string       1017
+601   lseg            string       1018
+602   path            string       1019
+603   box             string       1020
+604   polygon         string       1027
+628   line            string       629
+650   cidr            string       651
+700   float4          float        1021
+701   float8          double       1022
+718   circle          string       719
+774   macaddr8        string       775
+790   money           string       791
+829   macaddr         string       1040
+869   inet            string       1041
+1033  aclitem         string       1034
+1042  bpchar          string       1014
+1043  varchar         string       1015
+1082  date            date         1182
+1083  time            time         1183
+1114  timestamp       timestamp    1115
+1184  timestamptz     timestamptz  1185
+1186  interval        string       1187
+1266  timetz          string       1270
+1560  bit             string       1561
+1562  varbit          string       1563
+1700  numeric         string       1231
+1790  refcursor       string       2201
+2202  regprocedure    string       2207
+2203  regoper         string       2208
+2204  regoperator     string       2209
+2205  regclass        string       2210
+2206  regtype         string       2211
+2950  uuid            uuid         2951
+2970  txid_snapshot   string       2949
+3220  pg_lsn          string       3221
+3614  tsvector        string       3643
+3615  tsquery         string       3645
+3642  gtsvector       string       3644
+3734  regconfig       string       3735
+3769  regdictionary   string       3770
+3802  jsonb           string       3807
+3904  int4range       string       3905
+3906  numrange        string       3907
+3908  tsrange         string       3909
+3910  tstzrange       string       3911
+3912  daterange       string       3913
+3926  int8range       string       3927
+4072  jsonpath        string       4073
+4089  regnamespace    string       4090
+4096  regrole         string       4097
+4191  regcollation    string       4192
+4451  int4multirange  string       6150
+4532  nummultirange   string       6151
+4533  tsmultirange    string       6152
+4534  tstzmultirange  string       6153
+4535  datemultirange  string       6155
+4536  int8multirange  string       6157
+5038  pg_snapshot     string       5039
+5069  xid8            string       271
+"""
 
-# Array type OID -> element type OID, for the arrays of the base types above
-# (pg_type.typarray). An array column's type modifier is its element's modifier.
-_ARRAYS: dict[int, int] = {
-    143: 142,  # _xml
-    199: 114,  # _json
-    271: 5069,  # _xid8
-    629: 628,  # _line
-    651: 650,  # _cidr
-    719: 718,  # _circle
-    775: 774,  # _macaddr8
-    791: 790,  # _money
-    1000: 16,  # _bool
-    1001: 17,  # _bytea
-    1002: 18,  # _char
-    1003: 19,  # _name
-    1005: 21,  # _int2
-    1006: 22,  # _int2vector
-    1007: 23,  # _int4
-    1008: 24,  # _regproc
-    1009: 25,  # _text
-    1010: 27,  # _tid
-    1011: 28,  # _xid
-    1012: 29,  # _cid
-    1013: 30,  # _oidvector
-    1014: 1042,  # _bpchar
-    1015: 1043,  # _varchar
-    1016: 20,  # _int8
-    1017: 600,  # _point
-    1018: 601,  # _lseg
-    1019: 602,  # _path
-    1020: 603,  # _box
-    1021: 700,  # _float4
-    1022: 701,  # _float8
-    1027: 604,  # _polygon
-    1028: 26,  # _oid
-    1034: 1033,  # _aclitem
-    1040: 829,  # _macaddr
-    1041: 869,  # _inet
-    1115: 1114,  # _timestamp
-    1182: 1082,  # _date
-    1183: 1083,  # _time
-    1185: 1184,  # _timestamptz
-    1187: 1186,  # _interval
-    1231: 1700,  # _numeric
-    1270: 1266,  # _timetz
-    1561: 1560,  # _bit
-    1563: 1562,  # _varbit
-    2201: 1790,  # _refcursor
-    2207: 2202,  # _regprocedure
-    2208: 2203,  # _regoper
-    2209: 2204,  # _regoperator
-    2210: 2205,  # _regclass
-    2211: 2206,  # _regtype
-    2949: 2970,  # _txid_snapshot
-    2951: 2950,  # _uuid
-    3221: 3220,  # _pg_lsn
-    3643: 3614,  # _tsvector
-    3644: 3642,  # _gtsvector
-    3645: 3615,  # _tsquery
-    3735: 3734,  # _regconfig
-    3770: 3769,  # _regdictionary
-    3807: 3802,  # _jsonb
-    3905: 3904,  # _int4range
-    3907: 3906,  # _numrange
-    3909: 3908,  # _tsrange
-    3911: 3910,  # _tstzrange
-    3913: 3912,  # _daterange
-    3927: 3926,  # _int8range
-    4073: 4072,  # _jsonpath
-    4090: 4089,  # _regnamespace
-    4097: 4096,  # _regrole
-    4192: 4191,  # _regcollation
-    5039: 5038,  # _pg_snapshot
-    6150: 4451,  # _int4multirange
-    6151: 4532,  # _nummultirange
-    6152: 4533,  # _tsmultirange
-    6153: 4534,  # _tstzmultirange
-    6155: 4535,  # _datemultirange
-    6157: 4536,  # _int8multirange
-}
+
+def _read_oid_table(table: str) -> tuple[dict[int, tuple[str, ColumnKind]], dict[int, int]]:
+    """The (name, kind) of each type OID, and the element type OID of each array OID."""
+    scalars: dict[int, tuple[str, ColumnKind]] = {}
+    arrays: dict[int, int] = {}
+    for line in table.strip().splitlines():
+        oid, name, kind, array = line.split()
+        scalars[int(oid)] = (name, ColumnKind(kind))
+        if array != "-":
+            arrays[int(array)] = int(oid)
+    return scalars, arrays
+
+
+_SCALARS, _ARRAYS = _read_oid_table(_OID_TABLE)
 
 _VARHDRSZ = 4
 

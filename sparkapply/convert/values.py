@@ -2,7 +2,12 @@
 
 This module owns the value conversion: one column of text-format values (the bytes
 pgoutput sent, ``None`` for NULL) in, one Arrow array of the column's target type (see
-:mod:`sparkapply.convert.types`) out. It imports only pyarrow and the standard library.
+:mod:`sparkapply.convert.types`) out. It gathers the column, picks the converter of its
+kind and finds the bad value when one fails; the converters live by what they convert:
+:mod:`~sparkapply.convert.scalars` (numbers, booleans, strings, bytea, uuid),
+:mod:`~sparkapply.convert.temporal` (dates, times, timestamps) and
+:mod:`~sparkapply.convert.arrays` (array literals, whose elements convert as one column
+of the element's kind). All of them import only pyarrow and the standard library.
 
 VECTORISED, NOT PER VALUE
 
@@ -42,7 +47,6 @@ Callers add the relation, column, xid and LSN with ``with_context``.
 
 from __future__ import annotations
 
-import binascii
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
@@ -50,6 +54,8 @@ from typing import Any, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkapply.convert import scalars, temporal
+from sparkapply.convert.arrays import split_literals
 from sparkapply.convert.types import (
     ColumnKind,
     ColumnTarget,
@@ -57,26 +63,13 @@ from sparkapply.convert.types import (
     column_target,
     pg_type_name,
 )
-from sparkapply.errors import ConversionError, UnrepresentableValueError
+from sparkapply.errors import ConversionError
 
 ColumnValues: TypeAlias = Sequence[bytes | None] | pa.Array | pa.ChunkedArray
 """One column: the text-format values (``None`` = NULL), or an Arrow (large) binary or
 string array of them."""
 
-_US_PER_DAY = 86_400_000_000
-
-# The clamp range: 0001-01-01 .. 9999-12-31 (days since 1970-01-01) and the same in
-# microseconds, ending at 23:59:59.999999.
-DATE_MIN = -719_162
-DATE_MAX = 2_932_896
-TIMESTAMP_MIN = DATE_MIN * _US_PER_DAY
-TIMESTAMP_MAX = (DATE_MAX + 1) * _US_PER_DAY - 1
-
 _MAX_SHOWN = 80  # characters of an offending value shown in an error
-
-_NULL_STRING = pa.scalar(None, pa.large_string())
-_EPOCH_DAY = pa.scalar("1970-01-01 ", pa.large_string())
-_EMPTY = pa.scalar("", pa.large_string())
 
 
 # --------------------------------------------------------------------------------
@@ -200,16 +193,6 @@ def _reason(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def _all(mask: pa.Array) -> bool:
-    """True unless a non-null element is false (so also for an empty column)."""
-    return pc.all(mask, min_count=0).as_py() is not False
-
-
-def _any(mask: pa.Array) -> bool:
-    """True if a non-null element is true."""
-    return pc.any(mask, min_count=0).as_py() is True
-
-
 def _show(value: object) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", errors="backslashreplace")
@@ -220,417 +203,33 @@ def _show(value: object) -> str:
 
 
 # --------------------------------------------------------------------------------
-# Numbers, booleans, strings
+# Dispatch: each kind's converter, lists through their element's
 # --------------------------------------------------------------------------------
-
-
-def _cast_to(arrow_type: pa.DataType) -> Callable[[pa.Array, ColumnTarget], pa.Array]:
-    # int2/int4/int8/oid and float4/float8: Arrow's parsers accept every form PostgreSQL
-    # prints, including NaN, Infinity and -Infinity; float4 parses straight to float32,
-    # so a shortest-exact float4 text reproduces the same bits.
-    def convert(text: pa.Array, target: ColumnTarget) -> pa.Array:
-        return pc.cast(text, arrow_type)
-
-    return convert
-
-
-def _decimal(text: pa.Array, target: ColumnTarget) -> pa.Array:
-    # Arrow parses decimal text exactly (no float round-trip) and refuses to drop
-    # digits, so an out-of-range value fails instead of rounding.
-    arrow_type = target.arrow_type
-    try:
-        return pc.cast(text, arrow_type)
-    except pa.ArrowInvalid:
-        nan = pc.equal(text, "NaN")
-        if not _any(nan):
-            raise
-    # A decimal has no NaN: it becomes null (documented in types.py).
-    return pc.cast(pc.if_else(nan, _NULL_STRING, text), arrow_type)
-
-
-def _boolean(text: pa.Array, target: ColumnTarget) -> pa.Array:
-    is_true = pc.equal(text, "t")
-    if not _all(pc.or_(is_true, pc.equal(text, "f"))):
-        raise ValueError("a boolean is 't' or 'f'")
-    return is_true
-
-
-def _string(text: pa.Array, target: ColumnTarget) -> pa.Array:
-    return text
-
-
-# --------------------------------------------------------------------------------
-# bytea and uuid: hex decoding of the whole character buffer at once
-# --------------------------------------------------------------------------------
-
-
-def _bytea(text: pa.Array, target: ColumnTarget) -> pa.Array:
-    filled = text.fill_null("\\x") if text.null_count else text
-    if not _all(pc.starts_with(filled, "\\x")):
-        return _bytea_per_value(text)  # bytea_output = escape
-    chars = bytes(_chars(filled))
-    # Hex digits contain no backslash, so the only ones are the n '\x' prefixes and
-    # dropping every '\x' from the buffer leaves exactly the digits, value after value.
-    if chars.count(b"\\") != len(filled):
-        raise ValueError("a hex bytea is '\\x' followed by hex digits")
-    digit_counts = pc.subtract(pc.binary_length(filled), 2)
-    if _any(pc.not_equal(pc.bit_wise_and(digit_counts, 1), 0)):
-        raise ValueError("a hex bytea has an even number of digits")
-    decoded = binascii.a2b_hex(chars.replace(b"\\x", b""))
-    offsets = pa.concat_arrays(
-        [pa.array([0], pa.int64()), pc.cumulative_sum(pc.shift_right(digit_counts, 1))]
-    )
-    out = pa.Array.from_buffers(
-        pa.large_binary(), len(filled), [None, offsets.buffers()[1], pa.py_buffer(decoded)]
-    )
-    return _restore_nulls(out, text)
-
-
-def _bytea_per_value(text: pa.Array) -> pa.Array:
-    return pa.array(
-        [None if v is None else _decode_bytea(v.encode()) for v in text.to_pylist()],
-        type=pa.large_binary(),
-    )
-
-
-def _decode_bytea(value: bytes) -> bytes:
-    if value.startswith(b"\\x"):
-        return binascii.a2b_hex(value[2:])
-    # Escape format: bytes as-is, except a backslash as '\\' and others as '\nnn'.
-    out = bytearray()
-    i, n = 0, len(value)
-    while i < n:
-        c = value[i]
-        if c != 0x5C:
-            out.append(c)
-            i += 1
-        elif value[i + 1 : i + 2] == b"\\":
-            out.append(0x5C)
-            i += 2
-        else:
-            octal = value[i + 1 : i + 4]
-            if len(octal) != 3 or not all(0x30 <= d <= 0x37 for d in octal):
-                raise ValueError("bad escape in bytea escape format")
-            out.append(int(octal, 8))
-            i += 4
-    return bytes(out)
-
-
-_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
-
-
-def _uuid(text: pa.Array, target: ColumnTarget) -> pa.Array:
-    filled = text.fill_null(_ZERO_UUID) if text.null_count else text
-    if not _all(pc.equal(pc.binary_length(filled), 36)):
-        raise ValueError("a uuid has 36 characters")
-    digits = pc.replace_substring(filled, "-", "")
-    if not _all(pc.equal(pc.binary_length(digits), 32)):
-        raise ValueError("a uuid is 32 hex digits in 8-4-4-4-12 groups")
-    storage = pa.Array.from_buffers(
-        pa.binary(16), len(text), [None, pa.py_buffer(binascii.a2b_hex(_chars(digits)))]
-    )
-    return pa.ExtensionArray.from_storage(pa.uuid(), _restore_nulls(storage, text))
-
-
-def _chars(arr: pa.Array) -> memoryview:
-    """The characters of a large string array, value after value, without a copy."""
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = pa.Array.from_buffers(pa.int64(), len(arr) + 1, [None, offsets_buf], 0, arr.offset)
-    start, end = offsets[0].as_py(), offsets[-1].as_py()
-    return memoryview(data_buf)[start:end] if data_buf is not None else memoryview(b"")
-
-
-def _restore_nulls(out: pa.Array, like: pa.Array) -> pa.Array:
-    if not like.null_count:
-        return out
-    return pc.if_else(pc.is_valid(like), out, pa.scalar(None, out.type))
-
-
-# --------------------------------------------------------------------------------
-# date, time, timestamp, timestamptz
-# --------------------------------------------------------------------------------
-
-# What Arrow's ISO-8601 parser takes; anything else (non-null) goes the per-value way.
-_DATE_FAST = r"^\d{4}-\d\d-\d\d$"
-_TIMESTAMP_FAST = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?$"
-_TIMESTAMPTZ_FAST = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?[+-]\d\d(:\d\d)?$"
-
-_DATE_TEXT = re.compile(r"(\d+)-(\d\d)-(\d\d)( BC)?")
-_TIMESTAMP_TEXT = re.compile(
-    r"(\d+)-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?"
-    r"(?:([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?)?( BC)?"
-)
-
-
-def _date(text: pa.Array, target: ColumnTarget) -> pa.Array:
-    return _temporal(text, pa.date32(), pa.int32(), _DATE_FAST, _date_days, DATE_MIN, DATE_MAX)
-
-
-def _timestamp(text: pa.Array, target: ColumnTarget) -> pa.Array:
-    with_tz = target.kind is ColumnKind.TIMESTAMPTZ
-    return _temporal(
-        text,
-        target.arrow_type,
-        pa.int64(),
-        _TIMESTAMPTZ_FAST if with_tz else _TIMESTAMP_FAST,
-        _timestamptz_micros if with_tz else _timestamp_micros,
-        TIMESTAMP_MIN,
-        TIMESTAMP_MAX,
-    )
-
-
-def _temporal(
-    text: pa.Array,
-    arrow_type: pa.DataType,
-    storage: pa.DataType,
-    fast_pattern: str,
-    per_value: Callable[[str], int],
-    lo: int,
-    hi: int,
-) -> pa.Array:
-    try:
-        out = pc.cast(text, arrow_type)
-    except pa.ArrowInvalid:
-        out = _with_specials(text, arrow_type, storage, fast_pattern, per_value)
-    return _clamp(out, storage, lo, hi)
-
-
-def _with_specials(
-    text: pa.Array,
-    arrow_type: pa.DataType,
-    storage: pa.DataType,
-    fast_pattern: str,
-    per_value: Callable[[str], int],
-) -> pa.Array:
-    special = pc.fill_null(pc.invert(pc.match_substring_regex(text, fast_pattern)), False)
-    replacements = [per_value(s) for s in text.filter(special).to_pylist()]
-    out = pc.cast(pc.if_else(special, _NULL_STRING, text), arrow_type)
-    return pc.replace_with_mask(out, special, pa.array(replacements, storage).view(arrow_type))
-
-
-def _clamp(out: pa.Array, storage: pa.DataType, lo: int, hi: int) -> pa.Array:
-    # Values near the ends can still leave the range after a UTC offset is applied
-    # ('0001-01-01 00:00:00+01'); min_max is one cheap pass that is usually all we do.
-    ints = out.view(storage)
-    bounds = pc.min_max(ints)
-    low, high = bounds["min"].as_py(), bounds["max"].as_py()
-    if low is None or (low >= lo and high <= hi):
-        return out
-    lo_s, hi_s = pa.scalar(lo, storage), pa.scalar(hi, storage)
-    clamped = pc.min_element_wise(
-        pc.max_element_wise(ints, lo_s, skip_nulls=False), hi_s, skip_nulls=False
-    )
-    return clamped.view(out.type)
-
-
-def _date_days(value: str) -> int:
-    if value == "infinity":
-        return DATE_MAX
-    if value == "-infinity":
-        return DATE_MIN
-    m = _DATE_TEXT.fullmatch(value)
-    if m is None:
-        raise ValueError("not a PostgreSQL ISO date")
-    year = _astronomical_year(m[1], m[4])
-    days = _days_from_civil(year, int(m[2]), int(m[3]))
-    return min(max(days, DATE_MIN), DATE_MAX)
-
-
-def _timestamp_micros(value: str) -> int:
-    return _micros(value, with_tz=False)
-
-
-def _timestamptz_micros(value: str) -> int:
-    return _micros(value, with_tz=True)
-
-
-def _micros(value: str, *, with_tz: bool) -> int:
-    if value == "infinity":
-        return TIMESTAMP_MAX
-    if value == "-infinity":
-        return TIMESTAMP_MIN
-    m = _TIMESTAMP_TEXT.fullmatch(value)
-    if m is None or (m[8] is not None) != with_tz:
-        kind = "timestamptz" if with_tz else "timestamp"
-        raise ValueError(f"not a PostgreSQL ISO {kind}")
-    year = _astronomical_year(m[1], m[12])
-    days = _days_from_civil(year, int(m[2]), int(m[3]))
-    hour, minute, second = int(m[4]), int(m[5]), int(m[6])
-    if hour > 24 or minute > 59 or second > 60:
-        raise ValueError("time of day out of range")
-    seconds = days * 86_400 + hour * 3_600 + minute * 60 + second
-    if with_tz:
-        offset = int(m[9]) * 3_600 + int(m[10] or 0) * 60 + int(m[11] or 0)
-        # The text is local time at that offset east of UTC: UTC = local - offset.
-        seconds -= offset if m[8] == "+" else -offset
-    micros = seconds * 1_000_000 + (int(m[7].ljust(6, "0")) if m[7] else 0)
-    return min(max(micros, TIMESTAMP_MIN), TIMESTAMP_MAX)
-
-
-def _astronomical_year(digits: str, bc: str | None) -> int:
-    # 1 BC is year 0, 2 BC is year -1 (PostgreSQL has no year 0 in its text form).
-    year = int(digits)
-    return 1 - year if bc else year
-
-
-def _days_from_civil(year: int, month: int, day: int) -> int:
-    """Days since 1970-01-01 of a proleptic Gregorian date, for any year (H. Hinnant)."""
-    if not (1 <= month <= 12 and 1 <= day <= 31):
-        raise ValueError("month or day out of range")
-    y = year - 1 if month <= 2 else year
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146_097 + doe - 719_468
-
-
-def _time(text: pa.Array, target: ColumnTarget) -> pa.Array:
-    # PostgreSQL allows 24:00:00; Iceberg (and Arrow) time is below 24 hours, so it
-    # becomes the last microsecond of the day (documented in types.py).
-    midnight = pc.equal(text, "24:00:00")
-    if _any(midnight):
-        text = pc.if_else(midnight, pa.scalar("23:59:59.999999", pa.large_string()), text)
-    # Arrow cannot cast text to time64, but parses timestamps: put the time on the epoch.
-    stamped = pc.binary_join_element_wise(_EPOCH_DAY, text, _EMPTY)
-    micros = pc.cast(stamped, pa.timestamp("us")).view(pa.int64())
-    return micros.view(pa.time64("us"))
-
-
-# --------------------------------------------------------------------------------
-# Arrays
-# --------------------------------------------------------------------------------
-
-_DIMENSIONS = re.compile(r"((?:\[-?\d+:-?\d+\])+)=")
-_UNESCAPE = re.compile(r"\\(.)", re.DOTALL)
-_ELEMENT_RE: dict[str, re.Pattern[str]] = {}
 
 
 def _list(text: pa.Array, target: ColumnTarget) -> pa.Array:
     element = target.element
     assert element is not None
-    split = _split_unquoted(text, target.delimiter)
-    offsets, elements = split if split is not None else _split_each(text, target.delimiter)
+    offsets, elements = split_literals(text, target.delimiter)
     # The elements of the whole column convert as one vectorised column.
     values = _CONVERTERS[element.kind](elements, element)
     mask = pc.is_null(text) if text.null_count else None
     return pa.LargeListArray.from_arrays(offsets, values, type=target.arrow_type, mask=mask)
 
 
-def _split_unquoted(text: pa.Array, delimiter: str) -> tuple[pa.Array, pa.Array] | None:
-    """Split with kernels when no literal needs the parser, else None.
-
-    That is the common case for numbers, dates, uuids and booleans: array_out quotes
-    an element only if it holds a quote, backslash, brace, the delimiter or
-    whitespace, is empty or reads NULL; so a body without quotes, backslashes and
-    braces splits exactly at the delimiter, and no element of it is empty.
-    """
-    filled = text.fill_null("{}") if text.null_count else text
-    if not (_all(pc.starts_with(filled, "{")) and _all(pc.ends_with(filled, "}"))):
-        return None  # bounds decoration ('[0:1]={5,6}') or not an array literal
-    body = pc.utf8_slice_codeunits(filled, 1, -1)
-    if _any(pc.match_substring_regex(body, r'["{}\\]')):
-        return None
-    parts = pc.split_pattern(body, delimiter)
-    empty = pc.equal(body, "")
-    flat = pc.list_flatten(parts)
-    blank = pc.equal(flat, "")
-    # '{}' splits to one empty string; any other empty piece means a malformed literal.
-    if pc.sum(blank).as_py() != pc.sum(empty).as_py():
-        return None
-    counts = pc.if_else(empty, 0, pc.list_value_length(parts).cast(pa.int64()))
-    offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(counts)])
-    kept = flat.filter(pc.invert(blank)).cast(pa.large_string())
-    return offsets, pc.if_else(pc.equal(kept, "NULL"), _NULL_STRING, kept)
-
-
-def _split_each(text: pa.Array, delimiter: str) -> tuple[pa.Array, pa.Array]:
-    offsets = [0]
-    elements: list[str | None] = []
-    for literal in text.to_pylist():
-        if literal is not None:
-            elements.extend(_parse_array(literal, delimiter))
-        offsets.append(len(elements))
-    return pa.array(offsets, pa.int64()), pa.array(elements, pa.large_string())
-
-
-def _parse_array(literal: str, delimiter: str) -> list[str | None]:
-    """The elements of a one-dimensional PostgreSQL array literal (array_out's form)."""
-    if literal.startswith("["):
-        # Bounds decoration, printed when a lower bound is not 1: '[0:1]={5,6}'.
-        m = _DIMENSIONS.match(literal)
-        if m is None:
-            raise ValueError("malformed array dimensions")
-        if m[1].count("[") > 1:
-            raise _multidimensional()
-        literal = literal[m.end() :]
-    if len(literal) < 2 or literal[0] != "{" or literal[-1] != "}":
-        raise ValueError("an array literal is enclosed in braces")
-    body = literal[1:-1]
-    if not body:
-        return []
-    if body[0] == "{":
-        raise _multidimensional()
-    if '"' not in body:
-        # array_out quotes every element that holds a quote, backslash, brace,
-        # delimiter or whitespace, is empty, or reads NULL; so this split is exact.
-        if "{" in body or "}" in body or "\\" in body:
-            raise ValueError("malformed array literal")
-        parts = body.split(delimiter)
-        if "" in parts:
-            raise ValueError("malformed array literal")
-        return [None if e == "NULL" else e for e in parts]
-    return _parse_quoted(body, delimiter)
-
-
-def _parse_quoted(body: str, delimiter: str) -> list[str | None]:
-    rx = _ELEMENT_RE.get(delimiter)
-    if rx is None:
-        d = re.escape(delimiter)
-        rx = _ELEMENT_RE[delimiter] = re.compile(
-            rf'"((?:[^"\\]|\\.)*)"|([^"{{}}\\{d}]+)', re.DOTALL
-        )
-    out: list[str | None] = []
-    pos, end = 0, len(body)
-    while True:
-        m = rx.match(body, pos)
-        if m is None:
-            raise ValueError("malformed array literal")
-        quoted = m[1]
-        if quoted is not None:
-            out.append(_UNESCAPE.sub(r"\1", quoted) if "\\" in quoted else quoted)
-        else:
-            out.append(None if m[2] == "NULL" else m[2])
-        pos = m.end()
-        if pos == end:
-            return out
-        if body[pos] != delimiter:
-            raise ValueError("malformed array literal")
-        pos += 1
-
-
-def _multidimensional() -> ValueError:
-    return UnrepresentableValueError(
-        "multi-dimensional arrays are not supported: an Iceberg list column has one "
-        "fixed nesting depth",
-        hint="publish the column as a one-dimensional array, or as text "
-        "(e.g. a generated column) and leave this one out of the publication's column list",
-    )
-
-
 _CONVERTERS: dict[ColumnKind, Callable[[pa.Array, ColumnTarget], Any]] = {
-    ColumnKind.INT: _cast_to(pa.int32()),
-    ColumnKind.LONG: _cast_to(pa.int64()),
-    ColumnKind.FLOAT: _cast_to(pa.float32()),
-    ColumnKind.DOUBLE: _cast_to(pa.float64()),
-    ColumnKind.DECIMAL: _decimal,
-    ColumnKind.BOOLEAN: _boolean,
-    ColumnKind.STRING: _string,
-    ColumnKind.BINARY: _bytea,
-    ColumnKind.DATE: _date,
-    ColumnKind.TIME: _time,
-    ColumnKind.TIMESTAMP: _timestamp,
-    ColumnKind.TIMESTAMPTZ: _timestamp,
-    ColumnKind.UUID: _uuid,
+    ColumnKind.INT: scalars.cast_to(pa.int32()),
+    ColumnKind.LONG: scalars.cast_to(pa.int64()),
+    ColumnKind.FLOAT: scalars.cast_to(pa.float32()),
+    ColumnKind.DOUBLE: scalars.cast_to(pa.float64()),
+    ColumnKind.DECIMAL: scalars.decimal,
+    ColumnKind.BOOLEAN: scalars.boolean,
+    ColumnKind.STRING: scalars.string,
+    ColumnKind.BINARY: scalars.bytea,
+    ColumnKind.DATE: temporal.date,
+    ColumnKind.TIME: temporal.time,
+    ColumnKind.TIMESTAMP: temporal.timestamp,
+    ColumnKind.TIMESTAMPTZ: temporal.timestamp,
+    ColumnKind.UUID: scalars.uuid,
     ColumnKind.LIST: _list,
 }

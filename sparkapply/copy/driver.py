@@ -85,7 +85,6 @@ copied in one slice.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import secrets
 import time
@@ -99,26 +98,17 @@ from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.config import Config
 from sparkapply.convert.schema import iceberg_identifier, iceberg_schema_for, source_identifier
+from sparkapply.copy.job import PlannedTable, SliceJob
 from sparkapply.copy.progress import CopyProgress
 from sparkapply.copy.snapshot import (
     DEFAULT_SLICE_BYTES,
     SourceTable,
     begin_at_snapshot,
-    copy_query,
     describe_tables,
-    plan_slices,
     published_tables,
 )
-from sparkapply.copy.tasks import SliceResult, SliceTask, run_slice
-from sparkapply.datafiles import arrow_schema_of, data_directory
-from sparkapply.errors import (
-    ConfigError,
-    ConnectionLostError,
-    CopyError,
-    PublicationError,
-    SlotError,
-    SparkapplyError,
-)
+from sparkapply.copy.tasks import SliceResult
+from sparkapply.errors import ConnectionLostError, CopyError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.sink.commit import commit_files
@@ -126,14 +116,9 @@ from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import table_for_relation
 from sparkapply.sink.tables import ensure_table
-from sparkapply.source.connection import ReplicationConnection, session_conninfo
+from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import quote_ident
-from sparkapply.source.publisher import (
-    SlotInfo,
-    check_publisher,
-    ensure_slot,
-    temporary_snapshot,
-)
+from sparkapply.source.publisher import SlotInfo, ensure_slot, temporary_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +151,6 @@ class CopyReport:
         return sum(self.rows.values())
 
 
-@dataclass(slots=True)
-class _Planned:
-    source: SourceTable
-    ident: tuple[str, str]
-    table: Any  # pyiceberg Table
-    base_snapshot: int | None
-    slices: int = 0
-
-
 class TableCopier:
     """Copies published tables into Iceberg; see the module doc for the contract.
 
@@ -195,10 +171,9 @@ class TableCopier:
         slice_bytes: int = DEFAULT_SLICE_BYTES,
     ) -> None:
         self.config = config
-        self.spark = spark
         self.catalog = catalog
         self.check_interval = check_interval
-        self.slice_bytes = slice_bytes
+        self._job = SliceJob(spark, config.source.dsn, slice_bytes)
         self._copied: list[tuple[str, str]] = []  # committed since take_copied()
         self.reports: list[CopyReport] = []
         self._known: set[tuple[str, str]] = set()  # copied, or not ours to copy
@@ -344,13 +319,13 @@ class TableCopier:
         planned = [self._plan(t, point) for t in tables]
         token = secrets.token_hex(4)
         tag_prefix = f"sparkapply-copy {token}:"
-        tasks = self._tasks(planned, point, tag_prefix)
+        tasks = self._job.tasks(planned, point.snapshot, tag_prefix)
         slices_of = {t.tag: t.table for t in tasks}
         estimates = {p.source.qualified: p.source.estimated_rows for p in planned}
         results: list[SliceResult] = []
         if tasks:
             with CopyProgress(src.dsn, tag_prefix, slices_of, estimates) as progress:
-                results = self._run(tasks)
+                results = self._job.run(tasks)
                 for p in planned:
                     mine = [r for r in results if r.table == p.source.qualified]
                     if mine and all(r.error is None for r in mine):
@@ -376,7 +351,7 @@ class TableCopier:
         )
         return report
 
-    def _plan(self, source: SourceTable, point: CopyPoint) -> _Planned:
+    def _plan(self, source: SourceTable, point: CopyPoint) -> PlannedTable:
         ident = self.target(source.schema, source.name)
         table = self._prepare(source, point.lsn)
         applied = applied_lsn(table)
@@ -388,7 +363,7 @@ class TableCopier:
                 hint="another sparkapply is applying to this table; stop it, then run "
                 "`sparkapply resync` for the table",
             )
-        return _Planned(source, ident, table, current_snapshot_id(table))
+        return PlannedTable(source, ident, table, current_snapshot_id(table))
 
     def _prepare(self, source: SourceTable, lsn: Lsn | None) -> Any:
         """Create the Iceberg table, or evolve it to the source's columns, as the
@@ -396,62 +371,9 @@ class TableCopier:
         ident = self.target(source.schema, source.name)
         return table_for_relation(self.catalog, ident, source.relation, lsn=lsn)
 
-    def _tasks(self, planned: list[_Planned], point: CopyPoint, prefix: str) -> list[SliceTask]:
-        parallelism = int(getattr(self.spark.sparkContext, "defaultParallelism", 2) or 2)
-        tasks: list[SliceTask] = []
-        n = itertools.count()
-        for p in planned:
-            slices = plan_slices(p.source, slice_bytes=self.slice_bytes, parallelism=parallelism)
-            if slices and not p.source.relation.columns:
-                log.warning(
-                    "table %s publishes no columns; its Iceberg table stays empty",
-                    p.source.qualified,
-                )
-                slices = []
-            p.slices = len(slices)
-            if not slices:
-                continue
-            schema = arrow_schema_of(p.table)
-            data_dir = data_directory(p.table)
-            per_slice = p.source.size_bytes // len(slices)
-            for i, piece in enumerate(slices):
-                tag = f"{prefix}{next(n)}"
-                tasks.append(
-                    SliceTask(
-                        table=p.source.qualified,
-                        target=".".join(p.ident),
-                        slice_no=i,
-                        tag=tag,
-                        conninfo=_task_conninfo(self.config.source.dsn, tag),
-                        snapshot=point.snapshot,
-                        query=copy_query(p.source, piece),
-                        columns=p.source.columns,
-                        schema=schema,
-                        data_dir=data_dir,
-                        estimated_bytes=per_slice,
-                    )
-                )
-        tasks.sort(key=lambda t: -t.estimated_bytes)
-        return tasks
-
-    def _run(self, tasks: list[SliceTask]) -> list[SliceResult]:
-        """One Spark job, one partition per slice, biggest first."""
-        rdd = self.spark.sparkContext.parallelize(tasks, len(tasks))
-        try:
-            results: list[SliceResult] = rdd.map(run_slice).collect()
-        except Exception as exc:  # an executor died, the job was cancelled, ...
-            first = (str(exc).strip().splitlines() or [""])[0][:500]
-            raise CopyError(
-                f"the copy's Spark job failed: {type(exc).__name__}: {first}",
-                table=", ".join(sorted({t.table for t in tasks})),
-                hint="nothing of these tables was committed; their copy starts again on the "
-                "next run (files the job wrote are unreferenced orphans)",
-            ) from exc
-        return results
-
     def _commit(
         self,
-        planned: list[_Planned],
+        planned: list[PlannedTable],
         results: list[SliceResult],
         point: CopyPoint,
         report: CopyReport,
@@ -513,48 +435,3 @@ def _point_of(slot: SlotInfo) -> CopyPoint:
             hint="the publisher must accept CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')",
         )
     return CopyPoint(slot.snapshot_name, slot.consistent_point)
-
-
-def _task_conninfo(dsn: str, tag: str) -> str:
-    return session_conninfo(dsn, application_name=tag, options="-c statement_timeout=0")
-
-
-# -- resync ----------------------------------------------------------------------------
-
-
-def resync(config: Config, table: str, *, spark: Any = None, catalog: Any = None) -> CopyReport:
-    """Re-copy one published table (``schema.table``) as of a fresh snapshot and
-    replace its Iceberg contents in one snapshot. The subscriber must be stopped."""
-    schema, sep, name = table.partition(".")
-    if not sep or not schema or not name:
-        raise ConfigError(f"--table must be schema.table, got {table!r}", key="--table")
-    src = config.source
-    check_publisher(src.dsn, src.publication)
-    with psycopg.connect(src.dsn, autocommit=True) as c:
-        published = published_tables(c, src.publication)
-        row = c.execute(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (src.slot,)
-        ).fetchone()
-    if (schema, name) not in published:
-        raise PublicationError(
-            f"table {schema}.{name} is not published by {', '.join(src.publication)}",
-            relation=f"{schema}.{name}",
-            hint="check the name (schema.table, as in pg_publication_tables) or add the "
-            "table to the publication",
-        )
-    if row is not None and row[0] is not None:
-        raise SlotError(
-            f"replication slot {src.slot!r} is in use by process {row[0]}: sparkapply is "
-            f"running; cannot resync {schema}.{name} under it",
-            hint="stop sparkapply, run resync, then start it again",
-        )
-    if catalog is None:
-        from sparkapply.sink.catalog import open_catalog
-
-        catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
-    if spark is None:
-        from sparkapply.apply.session import get_session
-
-        spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
-    copier = TableCopier(config, spark, catalog)
-    return copier.copy_from_temporary_snapshot([(schema, name)], f"resync of {schema}.{name}")

@@ -179,16 +179,6 @@ def _describe(
             "publication, or subscribe to one of them",
         )
     column_list = next(iter(lists))
-    # As PostgreSQL's table synchronisation: a publication without a filter wins,
-    # otherwise a row is copied when any publication's filter accepts it.
-    filters = list(dict.fromkeys(r[6] for r in rows))
-    row_filter: str | None
-    if any(f is None for f in filters):
-        row_filter = None
-    elif len(filters) == 1:
-        row_filter = str(filters[0])
-    else:
-        row_filter = " OR ".join(f"({f})" for f in filters)
     full = replident == "f"
     published = set(column_list) if column_list is not None else None
     # Generated columns are published only when the column list names them
@@ -198,18 +188,29 @@ def _describe(
         for attname, typid, typmod, is_key, generated in attributes
         if (attname in published if published is not None else not generated)
     )
-    relation = Relation(None, int(oid), schema, name, str(replident), cols)
     return SourceTable(
         schema=schema,
         name=name,
         oid=int(oid),
         relkind=str(relkind),
-        relation=relation,
-        row_filter=row_filter,
+        relation=Relation(None, int(oid), schema, name, str(replident), cols),
+        row_filter=_row_filter([r[6] for r in rows]),
         size_bytes=int(size),
         block_size=block_size,
         estimated_rows=int(reltuples) if float(reltuples) >= 0 else -1,
     )
+
+
+def _row_filter(filters: list[Any]) -> str | None:
+    """One table's row filters, one per publication (None: that one has none)."""
+    # As PostgreSQL's table synchronisation: a publication without a filter wins,
+    # otherwise a row is copied when any publication's filter accepts it.
+    distinct = list(dict.fromkeys(filters))
+    if any(f is None for f in distinct):
+        return None
+    if len(distinct) == 1:
+        return str(distinct[0])
+    return " OR ".join(f"({f})" for f in distinct)
 
 
 def plan_slices(

@@ -92,6 +92,9 @@ class SliceTask:
 
 @dataclass(slots=True)
 class SliceResult:
+    """What one slice task hands back to the driver: the data files it wrote and their
+    counts, or the error that stopped it (picklable, named by its table)."""
+
     table: str
     target: str
     slice_no: int

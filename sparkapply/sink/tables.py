@@ -180,24 +180,7 @@ def apply_evolution(
     name = table_name(table)
     schema = table.schema()
     top = {f.name: f for f in schema.fields}
-    new_columns: list[tuple[str, IcebergType]] = []
-    type_updates: list[tuple[tuple[str, ...], IcebergType]] = []
-
-    for column, new_type in add_columns:
-        if column in top:
-            type_updates += _widening(name, top[column], new_type, lsn)
-        else:
-            new_columns.append((column, new_type))
-    for column, new_type in widen:
-        if column not in top:
-            raise SchemaChangeError(
-                f"cannot change the type of a column the table does not have to {new_type}",
-                table=name,
-                column=column,
-                lsn=lsn,
-            )
-        type_updates += _widening(name, top[column], new_type, lsn)
-
+    new_columns, type_updates = _column_changes(name, top, add_columns, widen, lsn)
     new_key = _new_identifier(name, schema, new_columns, identifier_fields)
     optional = [
         c for c in make_optional if c in top and top[c].required and c not in (new_key or ())
@@ -232,6 +215,34 @@ def apply_evolution(
         optional,
     )
     return True
+
+
+def _column_changes(
+    table: str,
+    top: Mapping[str, NestedField],
+    add_columns: Sequence[tuple[str, IcebergType]],
+    widen: Sequence[tuple[str, IcebergType]],
+    lsn: Lsn | None,
+) -> tuple[list[tuple[str, IcebergType]], list[tuple[tuple[str, ...], IcebergType]]]:
+    """The columns to add and the ``update_column`` calls to make; an added column the
+    table already has is a widening (or nothing), so a replay after a crash is a no-op."""
+    new_columns: list[tuple[str, IcebergType]] = []
+    type_updates: list[tuple[tuple[str, ...], IcebergType]] = []
+    for column, new_type in add_columns:
+        if column in top:
+            type_updates += _widening(table, top[column], new_type, lsn)
+        else:
+            new_columns.append((column, new_type))
+    for column, new_type in widen:
+        if column not in top:
+            raise SchemaChangeError(
+                f"cannot change the type of a column the table does not have to {new_type}",
+                table=table,
+                column=column,
+                lsn=lsn,
+            )
+        type_updates += _widening(table, top[column], new_type, lsn)
+    return new_columns, type_updates
 
 
 def _widening(

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkapply.changes.spool import SpoolSegment, remove_spool_file
+from sparkapply.changes.staged import ClosedChunk, RelationsAt
 from sparkapply.datafiles import arrow_schema_of, data_directory
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
@@ -115,36 +116,29 @@ class Stager:
         self.spark = spark
         self.catalog = catalog
         self.identifier = identifier
+        self.journal_dir = staging_dir(work_dir)
+        self.prepared_dir = prepared_dir(work_dir)
         self.stage_bytes = stage_bytes
         self.inflight_bytes = inflight_bytes
         self.proto_version = proto_version
         self.streaming = streaming
-        self.journal_dir = staging_dir(work_dir)
         self._open: dict[int, _Open] = {}
         self._lock = threading.Lock()
         self._inflight = 0
         # Each piece is one Spark job; two let one start while another finishes.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sparkapply-stage")
-        self.prepared_dir = prepared_dir(work_dir)
         self._preparing: dict[int, list[Piece]] = {}  # STREAM PREPAREd, record pending
         self._prepare_lock = threading.Lock()
 
     # -- the assembler's side (receiving thread) ----------------------------------------
 
-    def chunk_closed(
-        self,
-        xid: int,
-        path: str,
-        end: int,
-        relation_ids: Sequence[int],
-        relations_at: Callable[[int], tuple[m.Relation, ...]],
-        mutated: Sequence[int] = (),
-    ) -> None:
-        """A chunk of ``xid`` closed with its spool at ``end``: stage what is unstaged
-        if it is enough and the budget allows. ``mutated``: relations it has updated,
-        deleted from or truncated (their tables' staging could not be used)."""
+    def chunk_closed(self, chunk: ClosedChunk) -> None:
+        """A chunk of ``chunk.xid`` closed with its spool at ``chunk.end``: stage what is
+        unstaged if it is enough and the budget allows. ``chunk.mutated``: relations it
+        has updated, deleted from or truncated (their tables' staging could not be used)."""
         if self.stage_bytes <= 0:
             return
+        xid, end, relation_ids = chunk.xid, chunk.end, chunk.relation_ids
         state = self._open.setdefault(xid, _Open())
         start = state.pieces[-1].segment.end if state.pieces else 0
         size = end - start
@@ -158,13 +152,15 @@ class Stager:
         # piece's end is described by then. A transaction whose tables cannot be staged
         # (a reload: TRUNCATE, then inserts) comes here at every chunk, each time from
         # the same start: all of this costs in its relations, not in its chunks so far.
-        tables = self._tables(state, relations_at(end), relation_ids, frozenset(mutated))
+        tables = self._tables(
+            state, chunk.relations_at(end), relation_ids, frozenset(chunk.mutated)
+        )
         if not tables:  # nothing here could be used: no job, and the next piece
             with self._lock:  # starts where this one would have
                 self._inflight -= size
             return
-        relations = relations_at(start)  # what the task starts from
-        segment = SpoolSegment(path, start, end)
+        relations = chunk.relations_at(start)  # what the task starts from
+        segment = SpoolSegment(chunk.path, start, end)
         prefix = f"sparkapply-staged-{uuid.uuid4().hex[:16]}-"
         tables = tuple(dataclasses.replace(t, prefix=prefix) for t in tables)
         task = StageTask(xid, segment, relations, tables, self.proto_version, self.streaming)
@@ -192,7 +188,7 @@ class Stager:
             self._open[xid] = _Open(disabled=True)
 
     def committed(
-        self, xid: int, path: str, end: int, relations_at: Callable[[int], tuple[m.Relation, ...]]
+        self, xid: int, path: str, end: int, relations_at: RelationsAt
     ) -> StagedWork | None:
         state = self._open.pop(xid, None)
         if state is None or not state.pieces or state.disabled:

@@ -40,8 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from sparkapply.convert.temporal import DATE_MAX, DATE_MIN, TIMESTAMP_MAX, TIMESTAMP_MIN
 from sparkapply.convert.types import ColumnKind, ColumnTarget
-from sparkapply.convert.values import DATE_MAX, DATE_MIN, TIMESTAMP_MAX, TIMESTAMP_MIN
 
 FIELD_SEP = "\x1f"
 NULL = "\x1e"

@@ -12,6 +12,7 @@ from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
 from sparkapply.changes.spool import read_records
+from sparkapply.changes.staged import ClosedChunk
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.errors import ProtocolError, StateError
 from sparkapply.lsn import Lsn
@@ -282,11 +283,9 @@ class RecordingStager:
         self.holding = False
         self.calls: list[tuple[object, ...]] = []
 
-    def chunk_closed(
-        self, xid: int, path: str, end: int, relation_ids: object, at: object, mutated: object = ()
-    ) -> None:
-        assert callable(at)
-        self.calls.append(("chunk", xid, end, tuple(r.relation_id for r in at(end))))
+    def chunk_closed(self, chunk: ClosedChunk) -> None:
+        at = chunk.relations_at(chunk.end)
+        self.calls.append(("chunk", chunk.xid, chunk.end, tuple(r.relation_id for r in at)))
 
     def truncated(self, xid: int, offset: int) -> None:
         self.calls.append(("truncated", xid, offset))

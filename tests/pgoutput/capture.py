@@ -1,4 +1,4 @@
-"""Capture real pgoutput bytes from a PostgreSQL server, and store them in a file.
+"""Capture real pgoutput bytes from a PostgreSQL server; the representative workload.
 
 Capture goes through the SQL interface: a ``pgoutput`` slot created with two-phase
 decoding enabled, read with ``pg_logical_slot_get_binary_changes``. Each row it returns
@@ -21,60 +21,25 @@ THINGS THAT BITE
   preceded by its RELATION (and TYPE) messages. Concatenating the output of several
   calls is still a stream a walsender could have sent.
 
-CAPTURE FILE FORMAT (``*.bin``; all integers big-endian)
-
-::
-
-    magic            8 bytes   b"PGOUTCAP"
-    format version   uint16    1
-    header length    uint32    n
-    header           n bytes   UTF-8 JSON object; at least "proto_version" (int) and
-                               "streaming" ("off" | "on" | "parallel"), also
-                               "two_phase", "messages", "binary", "server_version",
-                               "description", and workload facts for the tests
-    then, until end of file, one record per message:
-    lsn              uint64    the ``lsn`` column of the SQL interface
-    xid              uint32    the ``xid`` column of the SQL interface
-    payload length   uint32    m
-    payload          m bytes   one pgoutput message, starting with its tag byte
+The messages are stored in capture files (:mod:`tests.pgoutput.capture_file`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
-import struct
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
 
 from sparkapply.lsn import Lsn
+from tests.pgoutput.capture_file import Captured, CaptureFile
 
 StreamingOption = Literal["off", "on", "parallel"]
 DecodingStreaming = Literal["buffered", "immediate"]
-
-MAGIC = b"PGOUTCAP"
-FORMAT_VERSION = 1
-_PREAMBLE = struct.Struct(">8sHI")
-_RECORD = struct.Struct(">QII")
-
-
-@dataclass(frozen=True, slots=True)
-class Captured:
-    """One pgoutput message as the SQL interface returned it."""
-
-    lsn: int
-    xid: int
-    payload: bytes
-
-    @property
-    def tag(self) -> str:
-        return chr(self.payload[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,75 +259,6 @@ def set_origin_lsn(conn: psycopg.Connection[Any], lsn: int) -> None:
     conn.execute("SELECT pg_replication_origin_xact_setup(%s::pg_lsn, now())", (str(Lsn(lsn)),))
 
 
-# -- capture files ---------------------------------------------------------------------
-
-
-def write_capture(path: Path, header: dict[str, Any], records: Iterable[Captured]) -> int:
-    """Write a capture file (format in the module docstring); returns the record count."""
-    with open(path, "wb") as f:
-        writer = CaptureWriter(f, header)
-        for rec in records:
-            writer.write(rec)
-        return writer.count
-
-
-class CaptureWriter:
-    """Streams records into an open binary file, after writing the preamble."""
-
-    def __init__(self, f: BinaryIO, header: dict[str, Any]) -> None:
-        if "proto_version" not in header or "streaming" not in header:
-            raise ValueError("a capture header needs 'proto_version' and 'streaming'")
-        blob = json.dumps(header, sort_keys=True).encode()
-        f.write(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(blob)))
-        f.write(blob)
-        self._f = f
-        self.count = 0
-        self.payload_bytes = 0
-
-    def write(self, rec: Captured) -> None:
-        self._f.write(_RECORD.pack(rec.lsn, rec.xid, len(rec.payload)))
-        self._f.write(rec.payload)
-        self.count += 1
-        self.payload_bytes += len(rec.payload)
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureFile:
-    header: dict[str, Any]
-    records: list[Captured] = field(default_factory=list)
-
-    @property
-    def payloads(self) -> list[bytes]:
-        return [r.payload for r in self.records]
-
-
-def read_capture(path: Path) -> CaptureFile:
-    """Read a capture file written by :func:`write_capture`; strict about its framing."""
-    data = Path(path).read_bytes()
-    if len(data) < _PREAMBLE.size:
-        raise ValueError(f"{path}: too short for a capture file")
-    magic, version, hlen = _PREAMBLE.unpack_from(data, 0)
-    if magic != MAGIC or version != FORMAT_VERSION:
-        raise ValueError(f"{path}: not a version {FORMAT_VERSION} capture file")
-    pos = _PREAMBLE.size
-    if pos + hlen > len(data):
-        raise ValueError(f"{path}: truncated header")
-    header = json.loads(data[pos : pos + hlen])
-    pos += hlen
-    records: list[Captured] = []
-    view = memoryview(data)
-    while pos < len(data):
-        if pos + _RECORD.size > len(data):
-            raise ValueError(f"{path}: truncated record header at offset {pos}")
-        lsn, xid, n = _RECORD.unpack_from(data, pos)
-        pos += _RECORD.size
-        if n == 0 or pos + n > len(data):
-            raise ValueError(f"{path}: bad payload length {n} at offset {pos}")
-        records.append(Captured(lsn, xid, bytes(view[pos : pos + n])))
-        pos += n
-    return CaptureFile(header, records)
-
-
 # -- the representative workload (tests/fixtures/pgoutput_capture.bin) -----------------
 
 REPRESENTATIVE_SCHEMA = """
@@ -409,81 +305,11 @@ def representative_workload(dsn: str, *, toast_chars: int = 2500) -> CaptureFile
         facts["toast_value"] = big
         xids: dict[str, int] = {}
 
-        with w.transaction():  # plain inserts into the four replica-identity kinds
-            xids["insert"] = current_xid(w)
-            w.execute(
-                "INSERT INTO app.items VALUES (1, 'apple', 12.50, 'happy', 3, %s),"
-                " (2, NULL, NULL, NULL, NULL, NULL)",
-                (big,),
-            )
-            w.execute("INSERT INTO app.full_t VALUES (1, 'one'), (2, 'two')")
-            w.execute("INSERT INTO app.idx_t VALUES (1, 1, 'x')")
-            w.execute("INSERT INTO app.log_t VALUES ('hello')")
-        with w.transaction():  # updates and deletes with every old-tuple form
-            xids["update"] = current_xid(w)
-            w.execute("UPDATE app.items SET qty = 4 WHERE id = 1")  # note unchanged: 'u'
-            w.execute("UPDATE app.items SET id = 10 WHERE id = 2")  # key change: 'K'
-            w.execute("UPDATE app.full_t SET b = 'uno' WHERE a = 1")  # 'O'
-            w.execute("UPDATE app.idx_t SET c = 'y'")  # no old tuple
-            w.execute("DELETE FROM app.items WHERE id = 10")  # 'K'
-            w.execute("DELETE FROM app.full_t WHERE a = 2")  # 'O'
-        with origin_session(w, REPRESENTATIVE_ORIGIN), w.transaction():
-            xids["origin"] = current_xid(w)
-            set_origin_lsn(w, REPRESENTATIVE_ORIGIN_LSN)
-            w.execute("INSERT INTO app.log_t VALUES ('from elsewhere')")
-        with w.transaction():  # messages, transactional and not
-            xids["message"] = current_xid(w)
-            w.execute("SELECT pg_logical_emit_message(true, 'sparkapply', 'in a transaction')")
-            w.execute("SELECT pg_logical_emit_message(false, 'sparkapply', '\\x00ff'::bytea)")
-            w.execute("INSERT INTO app.log_t VALUES ('after the messages')")
-        with w.transaction():  # truncates: with both option bits, then with none
-            xids["truncate"] = current_xid(w)
-            w.execute("INSERT INTO app.parent DEFAULT VALUES")
-            w.execute("TRUNCATE app.parent, app.child RESTART IDENTITY CASCADE")
-            w.execute("TRUNCATE app.log_t")
-        for name, gid, finish in (
-            ("prepare_commit", "gid-1", "COMMIT"),
-            ("prepare_rollback", "gid-1", "ROLLBACK"),  # the same gid, reused
-            ("prepare_empty_gid", "", "COMMIT"),
-        ):
-            w.execute("BEGIN")
-            xids[name] = current_xid(w)
-            w.execute("INSERT INTO app.log_t VALUES (%s)", (name,))
-            w.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-            w.execute(sql.SQL(finish + " PREPARED {}").format(sql.Literal(gid)))
+        _buffered_transactions(w, xids, big)
         records = cap.read(decoding="buffered")
         facts["buffered_count"] = len(records)
 
-        # Streamed: subtransaction abort, then commit.
-        with w.transaction():
-            xids["stream_commit"] = current_xid(w)
-            w.execute("INSERT INTO app.items (id, name) VALUES (20, 'streamed')")
-            w.execute("SAVEPOINT s1")
-            w.execute("INSERT INTO app.items (id, name) VALUES (21, 'rolled back')")
-            xids["stream_subxact"] = row_xmin(w, "app.items", "id = 21")
-            w.execute("ROLLBACK TO SAVEPOINT s1")
-            w.execute("INSERT INTO app.items (id, name) VALUES (22, 'kept')")
-            # ROLLBACK TO keeps the savepoint: a new subtransaction wrote row 22.
-            xids["stream_subxact_2"] = row_xmin(w, "app.items", "id = 22")
-            w.execute("SELECT pg_logical_emit_message(true, 'sparkapply', 'in a stream')")
-        # Streamed, then aborted at the top level (from an origin: ORIGIN in the stream).
-        with origin_session(w, REPRESENTATIVE_ORIGIN):
-            w.execute("BEGIN")
-            xids["stream_abort"] = current_xid(w)
-            w.execute("INSERT INTO app.items (id, name) VALUES (30, 'aborted')")
-            w.execute("INSERT INTO app.items (id, name) VALUES (31, 'aborted')")
-            w.execute("ROLLBACK")
-        # Streamed prepared transactions.
-        for name, gid, finish in (
-            ("stream_prepare_commit", "gid-s", "COMMIT"),
-            ("stream_prepare_rollback", "gid-s", "ROLLBACK"),
-        ):
-            w.execute("BEGIN")
-            xids[name] = current_xid(w)
-            w.execute("INSERT INTO app.log_t VALUES (%s)", (name,))
-            w.execute("INSERT INTO app.log_t VALUES (%s)", (name,))
-            w.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-            w.execute(sql.SQL(finish + " PREPARED {}").format(sql.Literal(gid)))
+        _streamed_transactions(w, xids)
         records += cap.read(decoding="immediate")
         facts["xids"] = xids
         header = {
@@ -498,6 +324,87 @@ def representative_workload(dsn: str, *, toast_chars: int = 2500) -> CaptureFile
     return CaptureFile(header, records)
 
 
-def tags(records: Sequence[Captured]) -> str:
-    """The tag letters of ``records``, e.g. ``"BRIC"``, for quick looks and asserts."""
-    return "".join(r.tag for r in records)
+def _buffered_transactions(w: psycopg.Connection[Any], xids: dict[str, int], big: str) -> None:
+    """Small transactions, decoded without streaming: every change and old-tuple form,
+    an origin, messages, truncates and prepared transactions (``xids`` by name)."""
+    with w.transaction():  # plain inserts into the four replica-identity kinds
+        xids["insert"] = current_xid(w)
+        w.execute(
+            "INSERT INTO app.items VALUES (1, 'apple', 12.50, 'happy', 3, %s),"
+            " (2, NULL, NULL, NULL, NULL, NULL)",
+            (big,),
+        )
+        w.execute("INSERT INTO app.full_t VALUES (1, 'one'), (2, 'two')")
+        w.execute("INSERT INTO app.idx_t VALUES (1, 1, 'x')")
+        w.execute("INSERT INTO app.log_t VALUES ('hello')")
+    with w.transaction():  # updates and deletes with every old-tuple form
+        xids["update"] = current_xid(w)
+        w.execute("UPDATE app.items SET qty = 4 WHERE id = 1")  # note unchanged: 'u'
+        w.execute("UPDATE app.items SET id = 10 WHERE id = 2")  # key change: 'K'
+        w.execute("UPDATE app.full_t SET b = 'uno' WHERE a = 1")  # 'O'
+        w.execute("UPDATE app.idx_t SET c = 'y'")  # no old tuple
+        w.execute("DELETE FROM app.items WHERE id = 10")  # 'K'
+        w.execute("DELETE FROM app.full_t WHERE a = 2")  # 'O'
+    with origin_session(w, REPRESENTATIVE_ORIGIN), w.transaction():
+        xids["origin"] = current_xid(w)
+        set_origin_lsn(w, REPRESENTATIVE_ORIGIN_LSN)
+        w.execute("INSERT INTO app.log_t VALUES ('from elsewhere')")
+    with w.transaction():  # messages, transactional and not
+        xids["message"] = current_xid(w)
+        w.execute("SELECT pg_logical_emit_message(true, 'sparkapply', 'in a transaction')")
+        w.execute("SELECT pg_logical_emit_message(false, 'sparkapply', '\\x00ff'::bytea)")
+        w.execute("INSERT INTO app.log_t VALUES ('after the messages')")
+    with w.transaction():  # truncates: with both option bits, then with none
+        xids["truncate"] = current_xid(w)
+        w.execute("INSERT INTO app.parent DEFAULT VALUES")
+        w.execute("TRUNCATE app.parent, app.child RESTART IDENTITY CASCADE")
+        w.execute("TRUNCATE app.log_t")
+    for name, gid, finish in (
+        ("prepare_commit", "gid-1", "COMMIT"),
+        ("prepare_rollback", "gid-1", "ROLLBACK"),  # the same gid, reused
+        ("prepare_empty_gid", "", "COMMIT"),
+    ):
+        _prepared_transaction(w, xids, name, gid, finish, rows=1)
+
+
+def _streamed_transactions(w: psycopg.Connection[Any], xids: dict[str, int]) -> None:
+    """Transactions decoded with immediate streaming: a subtransaction abort, a top-level
+    abort from an origin, and streamed prepared transactions (``xids`` by name)."""
+    # Streamed: subtransaction abort, then commit.
+    with w.transaction():
+        xids["stream_commit"] = current_xid(w)
+        w.execute("INSERT INTO app.items (id, name) VALUES (20, 'streamed')")
+        w.execute("SAVEPOINT s1")
+        w.execute("INSERT INTO app.items (id, name) VALUES (21, 'rolled back')")
+        xids["stream_subxact"] = row_xmin(w, "app.items", "id = 21")
+        w.execute("ROLLBACK TO SAVEPOINT s1")
+        w.execute("INSERT INTO app.items (id, name) VALUES (22, 'kept')")
+        # ROLLBACK TO keeps the savepoint: a new subtransaction wrote row 22.
+        xids["stream_subxact_2"] = row_xmin(w, "app.items", "id = 22")
+        w.execute("SELECT pg_logical_emit_message(true, 'sparkapply', 'in a stream')")
+    # Streamed, then aborted at the top level (from an origin: ORIGIN in the stream).
+    with origin_session(w, REPRESENTATIVE_ORIGIN):
+        w.execute("BEGIN")
+        xids["stream_abort"] = current_xid(w)
+        w.execute("INSERT INTO app.items (id, name) VALUES (30, 'aborted')")
+        w.execute("INSERT INTO app.items (id, name) VALUES (31, 'aborted')")
+        w.execute("ROLLBACK")
+    # Streamed prepared transactions.
+    for name, gid, finish in (
+        ("stream_prepare_commit", "gid-s", "COMMIT"),
+        ("stream_prepare_rollback", "gid-s", "ROLLBACK"),
+    ):
+        _prepared_transaction(w, xids, name, gid, finish, rows=2)
+
+
+def _prepared_transaction(
+    w: psycopg.Connection[Any], xids: dict[str, int], name: str, gid: str, finish: str, *, rows: int
+) -> None:
+    """Insert ``rows`` rows into app.log_t, PREPARE TRANSACTION ``gid``, then ``finish``
+    (COMMIT or ROLLBACK) PREPARED; the xid goes into ``xids[name]``."""
+    w.execute("BEGIN")
+    xids[name] = current_xid(w)
+    for _ in range(rows):
+        w.execute("INSERT INTO app.log_t VALUES (%s)", (name,))
+    w.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    w.execute(sql.SQL(finish + " PREPARED {}").format(sql.Literal(gid)))

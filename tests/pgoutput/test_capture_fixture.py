@@ -1,7 +1,7 @@
 """The codec against real pgoutput bytes saved in tests/fixtures/pgoutput_capture.bin.
 
 No server needed: the file was captured from PostgreSQL 16 by
-``tests/fixtures/make_pgoutput_capture.py`` (format: ``tests/pgoutput/capture.py``).
+``tests/fixtures/make_pgoutput_capture.py`` (format: ``tests/pgoutput/capture_file.py``).
 Its header records what the workload knew (xids, gids, origin, the TOAST value), so
 the decoded fields are checked against the workload, not against the decoder.
 """
@@ -17,7 +17,7 @@ import pytest
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput import Decoder, encode
 from sparkapply.pgoutput import messages as m
-from tests.pgoutput.capture import CaptureFile, read_capture
+from tests.pgoutput.capture_file import CaptureFile, read_capture
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput_capture.bin"
 
@@ -76,8 +76,17 @@ def check_representative(header: dict[str, Any], msgs: Sequence[m.Message]) -> N
     xids: dict[str, int] = header["xids"]
     assert [type(x) for x in msgs] == [TAG_TYPES[t] for t in EXPECTED_TAGS]
     assert set(TAG_TYPES.values()) == {type(x) for x in msgs}, "every message kind occurs"
+    _check_transactions(msgs, xids)
+    rels = _check_relations(msgs)
+    _check_rows(msgs, header["toast_value"].encode())
+    _check_origins_and_messages(msgs, header, xids)
+    _check_truncates(msgs, rels)
+    _check_two_phase(msgs, xids)
+    _check_streams(msgs, xids)
 
-    # Transactions: Begin/Commit pairs, xids from the workload, LSNs ascending.
+
+def _check_transactions(msgs: Sequence[m.Message], xids: dict[str, int]) -> None:
+    """Transactions: Begin/Commit pairs, xids from the workload, LSNs ascending."""
     begins, commits = _of(msgs, m.Begin), _of(msgs, m.Commit)
     assert [b.xid for b in begins] == [
         xids[k] for k in ("insert", "update", "origin", "message", "truncate")
@@ -87,7 +96,9 @@ def check_representative(header: dict[str, Any], msgs: Sequence[m.Message]) -> N
     ends = [c.end_lsn for c in commits]
     assert all(c.commit_lsn < c.end_lsn for c in commits) and ends == sorted(set(ends))
 
-    # Relations: the four replica identities; Type for the enum and (as int4) the domain.
+
+def _check_relations(msgs: Sequence[m.Message]) -> dict[str, m.Relation]:
+    """Relations: the four replica identities; Type for the enum and (as int4) the domain."""
     rels = {r.name: r for r in _of(msgs, m.Relation)}
     assert {n: (r.namespace, r.replica_identity) for n, r in rels.items()} == {
         "items": ("app", "d"),
@@ -113,9 +124,11 @@ def check_representative(header: dict[str, Any], msgs: Sequence[m.Message]) -> N
     assert types == {("app", "mood"), ("", "int4")}
     mood, posint = (c.type_oid for c in rels["items"].columns[3:5])
     assert {t.type_oid for t in _of(msgs, m.Type)} == {mood, posint}
+    return rels
 
-    # Rows: NULLs, the toasted value once in full, then unchanged ('u').
-    toast = header["toast_value"].encode()
+
+def _check_rows(msgs: Sequence[m.Message], toast: bytes) -> None:
+    """Rows: NULLs, the toasted value once in full, then unchanged ('u')."""
     ins = _of(msgs, m.Insert)
     assert ins[0].new == m.TupleData(b"tttttt", (b"1", b"apple", b"12.50", b"happy", b"3", toast))
     assert ins[1].new == m.TupleData(b"tnnnnn", (b"2", None, None, None, None, None))
@@ -134,7 +147,12 @@ def check_representative(header: dict[str, Any], msgs: Sequence[m.Message]) -> N
     assert (d_key.old_kind, d_key.old.values[0], d_full.old_kind) == ("K", b"10", "O")
     assert d_full.old.values == (b"2", b"two")
 
-    # Origin: with its LSN after Begin, with LSN 0 after the first Stream Start.
+
+def _check_origins_and_messages(
+    msgs: Sequence[m.Message], header: dict[str, Any], xids: dict[str, int]
+) -> None:
+    """Origin: with its LSN after Begin, with LSN 0 after the first Stream Start; and
+    the logical messages."""
     origins = _of(msgs, m.Origin)
     assert origins == [
         m.Origin(header["origin_lsn"], header["origin_name"]),
@@ -154,13 +172,17 @@ def check_representative(header: dict[str, Any], msgs: Sequence[m.Message]) -> N
     assert streamed.xid == xids["stream_commit"]
     assert nt.lsn > tx.lsn  # emitted second, delivered first
 
-    # Truncate: both option bits on two relations, then none on one.
+
+def _check_truncates(msgs: Sequence[m.Message], rels: dict[str, m.Relation]) -> None:
+    """Truncate: both option bits on two relations, then none on one."""
     t1, t2 = _of(msgs, m.Truncate)
     assert (t1.cascade, t1.restart_identity) == (True, True)
     assert t1.relation_ids == (rels["parent"].relation_id, rels["child"].relation_id)
     assert (t2.options, t2.relation_ids) == (0, (rels["log_t"].relation_id,))
 
-    # Two-phase: gids (one reused, one empty), xids, LSNs agree between the messages.
+
+def _check_two_phase(msgs: Sequence[m.Message], xids: dict[str, int]) -> None:
+    """Two-phase: gids (one reused, one empty), xids, LSNs agree between the messages."""
     bps, ps = _of(msgs, m.BeginPrepare), _of(msgs, m.Prepare)
     names = ("prepare_commit", "prepare_rollback", "prepare_empty_gid")
     assert [(b.xid, b.gid) for b in bps] == [
@@ -181,7 +203,10 @@ def check_representative(header: dict[str, Any], msgs: Sequence[m.Message]) -> N
     ]
     assert rps[0].prepare_end_lsn == ps[1].end_lsn and rps[0].prepare_time == ps[1].prepare_time
 
-    # Streams: xids of segments and of the changes in them, first-segment flags.
+
+def _check_streams(msgs: Sequence[m.Message], xids: dict[str, int]) -> None:
+    """Streams: xids of segments and of the changes in them, first-segment flags."""
+    ins, rps = _of(msgs, m.Insert), _of(msgs, m.RollbackPrepared)
     starts = _of(msgs, m.StreamStart)
     assert [s.xid for s in starts] == [
         *[xids["stream_commit"]] * 4,

@@ -18,10 +18,10 @@ from tests.pgoutput.capture import (
     connect,
     current_lsn,
     current_xid,
-    read_capture,
     representative_workload,
     row_xmin,
 )
+from tests.pgoutput.capture_file import read_capture
 from tests.pgoutput.golden import (
     decode,
     kinds,
