@@ -222,7 +222,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _resync(args: argparse.Namespace) -> int:
-    from sparkapply.copy.resync import resync
+    from sparkapply.commands.resync import resync
 
     report = resync(load_config(args.config), args.table)
     log.info("resync of %s done: %s rows", args.table, f"{report.total_rows:,}")

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from sparkapply.cli import main as cli_main
-from sparkapply.copy.resync import resync
+from sparkapply.commands.resync import resync
 from sparkapply.errors import PublicationError, SlotError
 from sparkapply.lsn import Lsn
 from sparkapply.run.subscriber import Subscriber

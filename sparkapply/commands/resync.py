@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 from sparkapply.config import Config
 from sparkapply.copy.driver import CopyReport, TableCopier
 from sparkapply.copy.snapshot import published_tables
 from sparkapply.errors import ConfigError, PublicationError, SlotError
+from sparkapply.source.connection import connect
 from sparkapply.source.publisher import check_publisher
 
 
@@ -26,7 +25,9 @@ def resync(config: Config, table: str, *, spark: Any = None, catalog: Any = None
         raise ConfigError(f"--table must be schema.table, got {table!r}", key="--table")
     src = config.source
     check_publisher(src.dsn, src.publication)
-    with psycopg.connect(src.dsn, autocommit=True) as c:
+    with connect(
+        src.dsn, application_name="sparkapply resync", connect_timeout=src.connect_timeout
+    ) as c:
         published = published_tables(c, src.publication)
         row = c.execute(
             "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (src.slot,)
