@@ -111,8 +111,9 @@ from sparkapply.errors import (
 )
 from sparkapply.lsn import Lsn
 from sparkapply.sink.files import delete_paths, live_data_files
+from sparkapply.sink.producer import StagedChange, position_delete_file
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
-from sparkapply.sink.rowdelta import StagedRowDelta, position_delete_file, stage_row_delta
+from sparkapply.sink.rowdelta import RowDelta
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class StagedSnapshot:
 
     table: Table
     lsn: Lsn
-    delta: StagedRowDelta
+    delta: StagedChange
     ref: str | None = None
     removes_ref: bool = False
 
@@ -316,14 +317,13 @@ def _stage_row_delta(
     name = table_name(table)
     spec_id = table.metadata.default_spec_id
     try:
-        staged = stage_row_delta(
+        staged = RowDelta(
             table,
             data_files=new_files,
             delete_files=[position_delete_file(d, spec_id) for d in deletes],
             remove_all=truncate,
             summary_properties=summary,
-            table_properties={LSN_TABLE_PROPERTY: str(lsn)},
-        )
+        ).stage(table_properties={LSN_TABLE_PROPERTY: str(lsn)})
     except Exception as exc:
         raise _prepare_failed(exc, name, lsn) from exc
     return StagedSnapshot(table, lsn, staged)
