@@ -43,7 +43,8 @@ from sqlalchemy.orm import Session
 
 from sparkapply.errors import CommitConflictError, SinkError, SparkapplyError
 from sparkapply.failpoints import failpoint
-from sparkapply.sink.commit import StagedSnapshot, delete_quietly, resolve_unclear_outcome
+from sparkapply.sink.commit import StagedSnapshot, resolve_unclear_outcome
+from sparkapply.sink.files import delete_paths
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -122,9 +123,9 @@ def commit_together(catalog: Catalog, staged: Sequence[StagedSnapshot]) -> None:
 def _remove_staged(staged: Sequence[StagedSnapshot], swaps: Sequence[_Swap]) -> None:
     """The manifests and metadata files of a batch that did not commit."""
     for one in staged:
-        delete_quietly(one.table, one.delta.written)
+        delete_paths(one.table.io, one.delta.written)
     for swap in swaps:
-        delete_quietly(swap.staged.table, [swap.new.metadata_location])
+        delete_paths(swap.staged.table.io, [swap.new.metadata_location])
 
 
 def _write_metadata(catalog: SqlCatalog, staged: StagedSnapshot) -> _Swap:

@@ -41,21 +41,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.manifest import (
     DataFile,
-    DataFileContent,
     ManifestContent,
     ManifestEntry,
     ManifestFile,
 )
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
-from pyiceberg.utils.concurrent import ExecutorFactory
 
 from sparkapply.datafiles import DeleteFileInfo
 from sparkapply.errors import CommitConflictError, SinkError
 from sparkapply.sink.files import delete_paths
+from sparkapply.sink.footers import describe_rewritten
 from sparkapply.sink.producer import SnapshotProducer, StagedChange, position_delete_file
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
 from sparkapply.sink.tables import table_name
@@ -128,7 +126,7 @@ def commit_rewrite(
     manifests. The ``table`` object is updated in place to the committed metadata.
     """
     parent = _parent(table, base_snapshot_id)
-    new_data = _describe(table, added_data)
+    new_data = describe_rewritten(table, added_data)
     spec_id = table.metadata.default_spec_id
     new_deletes = [position_delete_file(d, spec_id) for d in added_deletes]
     live = _live_entries(table, parent, base_snapshot_id, set(removed))
@@ -219,25 +217,3 @@ def _commit(table: Table, staged: StagedChange) -> None:
         ) from exc
     table.metadata = response.metadata
     table.metadata_location = response.metadata_location
-
-
-def _describe(table: Table, paths: Sequence[str]) -> list[DataFile]:
-    """Footer statistics of the new data files (and the schema check), in parallel."""
-    metadata, io = table.metadata, table.io
-    executor = ExecutorFactory.get_or_create()
-    futures = [executor.submit(parquet_file_to_data_file, io, metadata, p) for p in paths]
-    out = []
-    for path, future in zip(paths, futures, strict=True):
-        try:
-            data_file = future.result()
-        except Exception as exc:
-            raise SinkError(
-                f"cannot add rewritten data file: {type(exc).__name__}: {exc}",
-                table=table_name(table),
-                file=path,
-                hint="nothing was committed; the rewritten files are orphans",
-            ) from exc
-        if data_file.content != DataFileContent.DATA:
-            raise SinkError("not a data file", table=table_name(table), file=path)
-        out.append(data_file)
-    return out
