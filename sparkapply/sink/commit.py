@@ -96,8 +96,9 @@ from typing import Literal
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update.snapshot import UpdateSnapshot
 from pyiceberg.utils.properties import property_as_bool
 
 from sparkapply.datafiles import DeleteFileInfo
@@ -240,7 +241,14 @@ def _commit_transaction(
     name = table_name(table)
     txn = table.transaction()
     try:
-        snapshot_id = _stage(txn, table, new_files, to_remove, summary, lsn)
+        txn.set_properties({LSN_TABLE_PROPERTY: str(lsn)})
+        update = txn.update_snapshot(snapshot_properties=summary)
+        merge = property_as_bool(
+            table.properties,
+            TableProperties.MANIFEST_MERGE_ENABLED,
+            TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
+        )
+        snapshot_id = _stage(update, new_files, to_remove, merge=merge)
     except ValidationException as exc:
         raise CommitConflictError(
             f"the table changed under the commit: {exc}", table=name, lsn=lsn
@@ -379,16 +387,9 @@ def _prepare_failed(exc: Exception, name: str, lsn: Lsn) -> SinkError:
 
 
 def _stage(
-    txn: Transaction,
-    table: Table,
-    new_files: list[DataFile],
-    to_remove: list[DataFile],
-    summary: dict[str, str],
-    lsn: Lsn,
+    update: UpdateSnapshot, new_files: list[DataFile], to_remove: list[DataFile], *, merge: bool
 ) -> int:
-    """Stage the snapshot (writes manifests and the manifest list) and the property."""
-    txn.set_properties({LSN_TABLE_PROPERTY: str(lsn)})
-    update = txn.update_snapshot(snapshot_properties=summary)
+    """Stage the snapshot (writes manifests and the manifest list)."""
     if to_remove:
         with update.overwrite() as overwrite:
             for data_file in to_remove:
@@ -396,11 +397,6 @@ def _stage(
             for data_file in new_files:
                 overwrite.append_data_file(data_file)
         return overwrite.snapshot_id
-    merge = property_as_bool(
-        table.properties,
-        TableProperties.MANIFEST_MERGE_ENABLED,
-        TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
-    )
     with update.merge_append() if merge else update.fast_append() as append:
         for data_file in new_files:
             append.append_data_file(data_file)
