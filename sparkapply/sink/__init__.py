@@ -14,7 +14,14 @@ executors only receive what it hands out (the descriptions in :mod:`sparkapply.d
 from sparkapply.errors import CommitConflictError, CommitOutcomeUnknownError
 from sparkapply.sink.catalog import mask_properties, open_catalog
 from sparkapply.sink.commit import ANY_BASE, commit_files
-from sparkapply.sink.contract import CutPoint, IcebergSink, Sink, TableChange, TableState
+from sparkapply.sink.contract import (
+    CutPoint,
+    IcebergSink,
+    Retention,
+    Sink,
+    TableChange,
+    TableState,
+)
 from sparkapply.sink.files import current_data_files, current_snapshot_id, remove_orphans
 from sparkapply.sink.maintenance import expire_snapshots
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn
@@ -36,6 +43,7 @@ __all__ = [
     "CommitOutcomeUnknownError",
     "CutPoint",
     "IcebergSink",
+    "Retention",
     "Sink",
     "TableChange",
     "TableIdentifier",

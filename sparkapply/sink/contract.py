@@ -113,6 +113,18 @@ class CutPoint:
     requested: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Which snapshots an expiry keeps: the ``retain_last`` newest, those not older
+    than ``older_than``, branch and tag heads, and ``keep`` (those kept cuts name);
+    ``free_files``: also delete the files only the expired ones referenced."""
+
+    older_than: dt.datetime
+    retain_last: int
+    keep: Collection[int] = ()
+    free_files: bool = False
+
+
 class Sink(Protocol):
     """The calls the driver makes; see the module doc for order and failure."""
 
@@ -138,18 +150,8 @@ class Sink(Protocol):
         snapshot ids in the order of ``changes``."""
         ...
 
-    def expire(
-        self,
-        table: Table,
-        *,
-        older_than: dt.datetime,
-        retain_last: int,
-        keep: Collection[int] = (),
-        free_files: bool = False,
-    ) -> int:
-        """Expire old snapshots but the ``retain_last`` newest, heads and ``keep``;
-        with ``free_files`` also delete the files only they referenced. Returns how
-        many were expired."""
+    def expire(self, table: Table, retention: Retention) -> int:
+        """Expire the snapshots ``retention`` does not keep; return how many."""
         ...
 
     def remove_files(self, table: Table, paths: Iterable[str]) -> list[str]:
@@ -221,16 +223,9 @@ class IcebergSink:
             staged, lsn=cut.lsn, committed_at=cut.committed_at, requested=cut.requested
         )
 
-    def expire(
-        self,
-        table: Table,
-        *,
-        older_than: dt.datetime,
-        retain_last: int,
-        keep: Collection[int] = (),
-        free_files: bool = False,
-    ) -> int:
-        if free_files:
+    def expire(self, table: Table, retention: Retention) -> int:
+        older_than, retain_last, keep = retention.older_than, retention.retain_last, retention.keep
+        if retention.free_files:
             outcome = expire_and_delete(
                 table, older_than=older_than, retain_last=retain_last, keep=keep
             )

@@ -18,6 +18,7 @@ from sparkapply.pgoutput.messages import Relation, RelationColumn
 from sparkapply.sink import (
     CutPoint,
     IcebergSink,
+    Retention,
     Sink,
     TableChange,
     TableState,
@@ -118,7 +119,7 @@ def test_expire_and_remove_files(catalog: Catalog) -> None:
         sink.commit_batch([TableChange(items, Lsn(lsn), added=[rows(items, [lsn])])])
         items = sink.load_table(ITEMS, relation())
     later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
-    assert sink.expire(items.table, older_than=later, retain_last=1, free_files=True) == 2
+    assert sink.expire(items.table, Retention(later, retain_last=1, free_files=True)) == 2
     assert len(items.table.metadata.snapshots) == 1 and ids(items) == [10, 20, 30]
 
     stray = rows(items, [99])
