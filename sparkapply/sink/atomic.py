@@ -43,7 +43,8 @@ from sqlalchemy.orm import Session
 
 from sparkapply.errors import CommitConflictError, SinkError, SparkapplyError
 from sparkapply.failpoints import failpoint
-from sparkapply.sink.commit import StagedSnapshot, delete_quietly, resolve_unclear_outcome
+from sparkapply.sink.commit import StagedSnapshot, resolve_unclear_outcome
+from sparkapply.sink.files import delete_paths
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -64,9 +65,7 @@ def commit_mode(catalog: Catalog) -> str:
 @dataclass(frozen=True, slots=True)
 class _Swap:
     staged: StagedSnapshot
-    new: StagedTable
-    namespace: str
-    name: str
+    new: StagedTable  # the metadata file written, for the pointer to name
 
 
 def commit_together(catalog: Catalog, staged: Sequence[StagedSnapshot]) -> None:
@@ -122,9 +121,9 @@ def commit_together(catalog: Catalog, staged: Sequence[StagedSnapshot]) -> None:
 def _remove_staged(staged: Sequence[StagedSnapshot], swaps: Sequence[_Swap]) -> None:
     """The manifests and metadata files of a batch that did not commit."""
     for one in staged:
-        delete_quietly(one.table, one.delta.written)
+        delete_paths(one.table.io, one.delta.written)
     for swap in swaps:
-        delete_quietly(swap.staged.table, [swap.new.metadata_location])
+        delete_paths(swap.staged.table.io, [swap.new.metadata_location])
 
 
 def _write_metadata(catalog: SqlCatalog, staged: StagedSnapshot) -> _Swap:
@@ -142,18 +141,19 @@ def _write_metadata(catalog: SqlCatalog, staged: StagedSnapshot) -> _Swap:
             hint="nothing was committed; re-load the table and re-plan the batch",
         ) from exc
     catalog._write_metadata(new.metadata, new.io, new.metadata_location)
-    namespace = Catalog.namespace_to_string(Catalog.namespace_from(ident))
-    return _Swap(staged, new, namespace, Catalog.table_name_from(ident))
+    return _Swap(staged, new)
 
 
 def _swap_pointer(catalog: SqlCatalog, session: Session, swap: _Swap) -> None:
     old = swap.staged.table.metadata_location
+    ident = swap.staged.table.name()
+    namespace = Catalog.namespace_to_string(Catalog.namespace_from(ident))
     result = session.execute(
         update(IcebergTables)
         .where(
             IcebergTables.catalog_name == catalog.name,
-            IcebergTables.table_namespace == swap.namespace,
-            IcebergTables.table_name == swap.name,
+            IcebergTables.table_namespace == namespace,
+            IcebergTables.table_name == Catalog.table_name_from(ident),
             IcebergTables.metadata_location == old,
         )
         .values(metadata_location=swap.new.metadata_location, previous_metadata_location=old)

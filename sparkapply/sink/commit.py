@@ -28,7 +28,8 @@ WHAT IS DURABLE WHEN (and what a crash at each point leaves)
    is unchanged. Restart replays from the applied LSN and writes new files under new
    names; the old ones are orphans for an orphan-file sweep (or :func:`remove_orphans`
    if the caller journaled their paths).
-2. The driver reads the new files' footers (statistics, schema check). No effect.
+2. The driver reads the new files' footers (statistics, schema check: ``footers.py``).
+   No effect.
 3. pyiceberg writes a manifest, a manifest list and a new ``metadata.json`` under
    ``metadata/``. Crash: unreferenced metadata files, same as 1.
 4. The catalog swaps the table's metadata pointer (one SQL transaction for the SQL
@@ -94,14 +95,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException, parquet_file_to_data_file
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.utils.concurrent import ExecutorFactory
+from pyiceberg.table.update.snapshot import UpdateSnapshot
 from pyiceberg.utils.properties import property_as_bool
 
-from sparkapply import location
 from sparkapply.datafiles import DeleteFileInfo
 from sparkapply.errors import (
     CommitConflictError,
@@ -111,8 +110,10 @@ from sparkapply.errors import (
 )
 from sparkapply.lsn import Lsn
 from sparkapply.sink.files import delete_paths, live_data_files
+from sparkapply.sink.footers import as_table_uri, check_paths, describe_added
+from sparkapply.sink.producer import StagedChange, position_delete_file
 from sparkapply.sink.progress import LSN_SUMMARY_KEY, LSN_TABLE_PROPERTY, applied_lsn, lineage_lsn
-from sparkapply.sink.rowdelta import StagedRowDelta, position_delete_file, stage_row_delta
+from sparkapply.sink.rowdelta import RowDelta
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class StagedSnapshot:
 
     table: Table
     lsn: Lsn
-    delta: StagedRowDelta
+    delta: StagedChange
     ref: str | None = None
     removes_ref: bool = False
 
@@ -182,31 +183,15 @@ def commit_files(
     """
     lsn = Lsn(lsn)
     name = table_name(table)
-    added = [_as_table_uri(p, table) for p in added]
+    added = [as_table_uri(p, table) for p in added]
     summary = _summary(lsn, extra_summary)
-    _check_paths(added, removed)
+    check_paths(added, removed)
     started = time.monotonic()
 
     _check_base_and_lsn(table, base_snapshot_id, lsn)
 
-    to_remove: list[DataFile] = []
-    if removed and not truncate:
-        live = live_data_files(table)
-        missing = [p for p in removed if p not in live]
-        if missing:
-            raise CommitConflictError(
-                f"{len(missing)} data file(s) to remove are not in the table's current "
-                f"snapshot, e.g. {missing[0]}",
-                table=name,
-                lsn=lsn,
-                hint="the table changed since the batch was planned (or the paths are not "
-                "spelled as current_data_files returns them); re-load and re-plan",
-            )
-        if already := [p for p in added if p in live]:
-            raise SinkError(f"data file is already in the table: {already[0]}", table=name, lsn=lsn)
-        to_remove = [live[p] for p in removed]
-
-    new_files = _describe(table, added, lsn)
+    to_remove = _files_to_remove(table, added, removed, lsn) if removed and not truncate else []
+    new_files = describe_added(table, added, lsn)
 
     if deletes or truncate:
         if removed and not truncate:
@@ -216,9 +201,54 @@ def commit_files(
         _log_commit(name, staged.snapshot_id, lsn, len(new_files), len(deletes), started)
         return staged.snapshot_id
 
+    snapshot_id = _commit_transaction(table, new_files, to_remove, summary, lsn)
+    _check_single_writer(table, snapshot_id, lsn)
+    _log_commit(name, snapshot_id, lsn, len(new_files), -len(to_remove), started)
+    return snapshot_id
+
+
+def _files_to_remove(
+    table: Table, added: Sequence[str], removed: Sequence[str], lsn: Lsn
+) -> list[DataFile]:
+    """The live entries of the data files ``removed`` names (their statistics keep the
+    summary's totals right); every one must be live, none of ``added`` may be."""
+    name = table_name(table)
+    live = live_data_files(table)
+    missing = [p for p in removed if p not in live]
+    if missing:
+        raise CommitConflictError(
+            f"{len(missing)} data file(s) to remove are not in the table's current "
+            f"snapshot, e.g. {missing[0]}",
+            table=name,
+            lsn=lsn,
+            hint="the table changed since the batch was planned (or the paths are not "
+            "spelled as current_data_files returns them); re-load and re-plan",
+        )
+    if already := [p for p in added if p in live]:
+        raise SinkError(f"data file is already in the table: {already[0]}", table=name, lsn=lsn)
+    return [live[p] for p in removed]
+
+
+def _commit_transaction(
+    table: Table,
+    new_files: list[DataFile],
+    to_remove: list[DataFile],
+    summary: dict[str, str],
+    lsn: Lsn,
+) -> int:
+    """An append or overwrite through pyiceberg's own producers (which rebase on a
+    concurrent commit, validating first); return the snapshot id."""
+    name = table_name(table)
     txn = table.transaction()
     try:
-        snapshot_id = _stage(txn, table, new_files, to_remove, summary, lsn)
+        txn.set_properties({LSN_TABLE_PROPERTY: str(lsn)})
+        update = txn.update_snapshot(snapshot_properties=summary)
+        merge = property_as_bool(
+            table.properties,
+            TableProperties.MANIFEST_MERGE_ENABLED,
+            TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
+        )
+        snapshot_id = _stage(update, new_files, to_remove, merge=merge)
     except ValidationException as exc:
         raise CommitConflictError(
             f"the table changed under the commit: {exc}", table=name, lsn=lsn
@@ -237,9 +267,6 @@ def commit_files(
         ) from exc
     except Exception as exc:
         resolve_unclear_outcome(table, snapshot_id, lsn, exc)
-
-    _check_single_writer(table, snapshot_id, lsn)
-    _log_commit(name, snapshot_id, lsn, len(new_files), -len(to_remove), started)
     return snapshot_id
 
 
@@ -272,11 +299,11 @@ def stage_files(
     :func:`commit_staged`, or with the batch's other tables in one catalog transaction
     (``atomic.py``). It commits only on ``base_snapshot_id`` (a row delta)."""
     lsn = Lsn(lsn)
-    added = [_as_table_uri(p, table) for p in added]
+    added = [as_table_uri(p, table) for p in added]
     summary = _summary(lsn, extra_summary)
-    _check_paths(added, ())
+    check_paths(added, ())
     _check_base_and_lsn(table, base_snapshot_id, lsn)
-    new_files = _describe(table, added, lsn)
+    new_files = describe_added(table, added, lsn)
     return _stage_row_delta(table, new_files, deletes, truncate, summary, lsn)
 
 
@@ -316,14 +343,13 @@ def _stage_row_delta(
     name = table_name(table)
     spec_id = table.metadata.default_spec_id
     try:
-        staged = stage_row_delta(
+        staged = RowDelta(
             table,
             data_files=new_files,
             delete_files=[position_delete_file(d, spec_id) for d in deletes],
             remove_all=truncate,
             summary_properties=summary,
-            table_properties={LSN_TABLE_PROPERTY: str(lsn)},
-        )
+        ).stage(table_properties={LSN_TABLE_PROPERTY: str(lsn)})
     except Exception as exc:
         raise _prepare_failed(exc, name, lsn) from exc
     return StagedSnapshot(table, lsn, staged)
@@ -336,7 +362,7 @@ def commit_staged(staged: StagedSnapshot) -> None:
     try:
         response = table.catalog.commit_table(table, delta.requirements, delta.updates)
     except CommitFailedException as exc:
-        delete_quietly(table, delta.written)
+        delete_paths(table.io, delta.written)
         raise CommitConflictError(
             f"the table changed under the commit: {exc}",
             table=name,
@@ -360,21 +386,10 @@ def _prepare_failed(exc: Exception, name: str, lsn: Lsn) -> SinkError:
     )
 
 
-def delete_quietly(table: Table, paths: Sequence[str]) -> None:
-    delete_paths(table.io, paths)
-
-
 def _stage(
-    txn: Transaction,
-    table: Table,
-    new_files: list[DataFile],
-    to_remove: list[DataFile],
-    summary: dict[str, str],
-    lsn: Lsn,
+    update: UpdateSnapshot, new_files: list[DataFile], to_remove: list[DataFile], *, merge: bool
 ) -> int:
-    """Stage the snapshot (writes manifests and the manifest list) and the property."""
-    txn.set_properties({LSN_TABLE_PROPERTY: str(lsn)})
-    update = txn.update_snapshot(snapshot_properties=summary)
+    """Stage the snapshot (writes manifests and the manifest list)."""
     if to_remove:
         with update.overwrite() as overwrite:
             for data_file in to_remove:
@@ -382,52 +397,10 @@ def _stage(
             for data_file in new_files:
                 overwrite.append_data_file(data_file)
         return overwrite.snapshot_id
-    merge = property_as_bool(
-        table.properties,
-        TableProperties.MANIFEST_MERGE_ENABLED,
-        TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
-    )
     with update.merge_append() if merge else update.fast_append() as append:
         for data_file in new_files:
             append.append_data_file(data_file)
     return append.snapshot_id
-
-
-def _describe(table: Table, paths: list[str], lsn: Lsn) -> list[DataFile]:
-    """DataFiles for the new files: footer statistics and a schema check, in parallel
-    (one footer read each; pyiceberg's shared thread pool)."""
-    if not paths:
-        return []
-    metadata = table.metadata
-    io = table.io
-    executor = ExecutorFactory.get_or_create()
-    futures = [executor.submit(parquet_file_to_data_file, io, metadata, p) for p in paths]
-    data_files = []
-    for path, future in zip(paths, futures, strict=True):
-        try:
-            data_files.append(future.result())
-        except FileNotFoundError as exc:
-            raise SinkError(
-                "data file to add does not exist",
-                table=table_name(table),
-                lsn=lsn,
-                file=path,
-                hint="nothing was committed",
-            ) from exc
-        except (ValueError, UnsupportedPyArrowTypeException) as exc:
-            raise SinkError(
-                f"data file does not match the table schema: {exc}",
-                table=table_name(table),
-                lsn=lsn,
-                file=path,
-                hint="nothing was committed; executors must write the table's column names "
-                "and Arrow types (key columns non-nullable, timestamps in us)",
-            ) from exc
-        except OSError as exc:
-            raise SinkError(
-                f"cannot read data file to add: {exc}", table=table_name(table), lsn=lsn, file=path
-            ) from exc
-    return data_files
 
 
 def resolve_unclear_outcome(
@@ -505,21 +478,3 @@ def _summary(lsn: Lsn, extra: Mapping[str, str] | None) -> dict[str, str]:
         summary[key] = value
     summary[LSN_SUMMARY_KEY] = str(lsn)
     return summary
-
-
-def _check_paths(added: Sequence[str], removed: Sequence[str]) -> None:
-    if len(set(added)) != len(added):
-        raise SinkArgumentError("added data files must be unique")
-    if len(set(removed)) != len(removed):
-        raise SinkArgumentError("removed data files must be unique")
-    if both := set(added) & set(removed):
-        raise SinkArgumentError(f"a data file cannot be both added and removed: {sorted(both)[0]}")
-
-
-def _as_table_uri(path: str, table: Table) -> str:
-    """A plain absolute path as a ``file://`` location when the table lives on the local
-    file system, so every file of a table is recorded in one spelling other engines read
-    (:mod:`sparkapply.location`)."""
-    if path.startswith("/") and location.scheme(table.location()) == location.FILE_SCHEME:
-        return location.from_path(path)
-    return path

@@ -69,8 +69,8 @@ from sparkapply.lsn import Lsn
 from sparkapply.sink.atomic import commit_together
 from sparkapply.sink.commit import StagedSnapshot, commit_files, commit_staged, stage_files
 from sparkapply.sink.files import current_data_files, current_snapshot_id
+from sparkapply.sink.producer import StagedChange
 from sparkapply.sink.progress import applied_lsn
-from sparkapply.sink.rowdelta import StagedRowDelta
 from sparkapply.sink.tables import TableIdentifier, ensure_table, table_name
 
 logger = logging.getLogger(__name__)
@@ -467,7 +467,7 @@ def _ref_change(
     *,
     removes: bool = False,
 ) -> StagedSnapshot:
-    delta = StagedRowDelta(snapshot_id, (update,), (require,), [])
+    delta = StagedChange(snapshot_id, (update,), (require,), [])
     return StagedSnapshot(table, lsn, delta, ref=name, removes_ref=removes)
 
 

@@ -123,23 +123,47 @@ def doomed_snapshots(
 
 
 def _commit_expiry(table: Table, doomed: list[int]) -> None:
-    try:
+    with _failing(
+        table,
+        "cannot expire snapshots: {kind}: {exc}",
+        "expiry is maintenance; it can be retried at the next interval",
+    ):
         table.maintenance.expire_snapshots().by_ids(doomed).commit()
+
+
+@contextlib.contextmanager
+def _failing(table: Table, message: str, hint: str) -> Iterator[None]:
+    """Any failure inside as a :class:`SinkError` naming the table; ``message`` is
+    formatted with the exception (``exc``) and its class name (``kind``)."""
+    try:
+        yield
     except Exception as exc:
         raise SinkError(
-            f"cannot expire snapshots: {type(exc).__name__}: {exc}",
-            table=table_name(table),
-            hint="expiry is maintenance; it can be retried at the next interval",
+            message.format(kind=type(exc).__name__, exc=exc), table=table_name(table), hint=hint
         ) from exc
 
 
 @dataclass(slots=True)
-class ExpiryOutcome:
+class Deletions:
+    """What expiry or the sweep deleted (or, dry run, would delete)."""
+
+    bytes_deleted: int = 0
+    deleted: list[str] = field(default_factory=list)
+
+    def remove(self, io: FileIO, path: str, size: int, *, dry_run: bool) -> bool:
+        """Delete ``path`` (not on a dry run) and record it; False if it is still there."""
+        if not dry_run and not delete_paths(io, [path]):
+            return False
+        self.bytes_deleted += size
+        self.deleted.append(path)
+        return True
+
+
+@dataclass(slots=True)
+class ExpiryOutcome(Deletions):
     snapshots_expired: int = 0
     files_deleted: int = 0
-    bytes_deleted: int = 0
     metadata_files_deleted: int = 0
-    deleted: list[str] = field(default_factory=list)  # the files (or, dry run: would be)
 
 
 def expire_and_delete(
@@ -186,15 +210,11 @@ def expire_and_delete(
         for path, size in candidates.items():
             if _key(path) in still_used:
                 continue
-            if dry_run or _delete(io, path):
+            if outcome.remove(io, path, size, dry_run=dry_run):
                 outcome.files_deleted += 1
-                outcome.bytes_deleted += size
-                outcome.deleted.append(path)
     for path, size in _stale_metadata_files(table):
-        if dry_run or _delete(io, path):
+        if outcome.remove(io, path, size, dry_run=dry_run):
             outcome.metadata_files_deleted += 1
-            outcome.bytes_deleted += size
-            outcome.deleted.append(path)
     if outcome.snapshots_expired or outcome.deleted:
         logger.info(
             "%s %s: %d snapshots expired, %d files and %d metadata files (%d bytes) deleted",
@@ -274,10 +294,8 @@ def unreferenced(table: Table, paths: Iterable[str]) -> list[str]:
 
 
 @dataclass(slots=True)
-class OrphanOutcome:
+class OrphanOutcome(Deletions):
     files_deleted: int = 0
-    bytes_deleted: int = 0
-    deleted: list[str] = field(default_factory=list)
     too_young: int = 0  # unreferenced files inside the grace period, kept
 
 
@@ -289,14 +307,12 @@ def sweep_orphans(table: Table, *, older_than: dt.datetime, dry_run: bool = Fals
     protects its files."""
     if older_than.tzinfo is None:
         raise SinkArgumentError("older_than must be timezone-aware")
-    try:
+    with _failing(
+        table,
+        "cannot refresh the table before the orphan sweep: {exc}",
+        "nothing was deleted; the sweep runs again at the next interval",
+    ):
         table.refresh()
-    except Exception as exc:
-        raise SinkError(
-            f"cannot refresh the table before the orphan sweep: {exc}",
-            table=table_name(table),
-            hint="nothing was deleted; the sweep runs again at the next interval",
-        ) from exc
     keep = referenced_files(table)
     outcome = OrphanOutcome()
     for path, size, mtime in list_files(table.location()):
@@ -305,10 +321,8 @@ def sweep_orphans(table: Table, *, older_than: dt.datetime, dry_run: bool = Fals
         if mtime >= older_than:
             outcome.too_young += 1
             continue
-        if dry_run or _delete(table.io, path):
+        if outcome.remove(table.io, path, size, dry_run=dry_run):
             outcome.files_deleted += 1
-            outcome.bytes_deleted += size
-            outcome.deleted.append(path)
     if outcome.deleted:
         logger.info(
             "%s %d orphan files (%d bytes) of %s",
@@ -370,7 +384,3 @@ def _key(path: str) -> str:
     if parts.scheme in ("", "file"):
         return parts.path
     return f"{parts.scheme}://{parts.netloc}{parts.path}"
-
-
-def _delete(io: FileIO, path: str) -> bool:
-    return bool(delete_paths(io, [path]))
