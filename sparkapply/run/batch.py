@@ -34,9 +34,9 @@ from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.job import run_tasks
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.transaction import CommittedTxn
-from sparkapply.convert.schema import iceberg_schema_for, relation_identifier
+from sparkapply.convert.schema import relation_identifier
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, arrow_schema_of, data_directory
-from sparkapply.errors import CommitOutcomeUnknownError, SparkapplyError
+from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
@@ -49,15 +49,17 @@ from sparkapply.plan.batch import (
     plan_batch,
     relation_versions,
 )
-from sparkapply.sink.atomic import commit_together
-from sparkapply.sink.commit import StagedSnapshot, commit_staged, stage_files
+from sparkapply.sink.contract import (
+    CutPoint,
+    IcebergSink,
+    Retention,
+    Sink,
+    TableChange,
+    TableState,
+)
 from sparkapply.sink.cuts import CutLog
-from sparkapply.sink.files import LiveFileCache, current_snapshot_id, remove_orphans
 from sparkapply.sink.locks import TableLocks
-from sparkapply.sink.maintenance import doomed_snapshots, expire_and_delete, expire_snapshots
-from sparkapply.sink.progress import applied_lsn
-from sparkapply.sink.relations import evolve_to
-from sparkapply.sink.tables import ensure_table
+from sparkapply.sink.maintenance import doomed_snapshots
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -186,12 +188,11 @@ class Applier:
         self.table_map = table_map or {}
         self.proto_version = proto_version
         self.streaming = streaming
-        self._tables: dict[TableIdent, Table] = {}
+        # Every call to table storage goes through the sink's contract (sink/contract.py).
+        self.sink: Sink = IcebergSink(catalog, atomic=atomic, cuts=cuts)
+        self._states: dict[TableIdent, TableState] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
         self._known: set[TableIdent] = set()
-        # Live files by manifest: a batch reads only the manifests new since the last
-        # (see sink/files.py, THE LISTING CACHE).
-        self._files = LiveFileCache()
         self.retain_snapshots = retain_snapshots
         self.split_bytes = split_bytes
         # With maintenance on, expiry here also deletes the files only expired
@@ -223,7 +224,7 @@ class Applier:
 
     def forget(self, ident: TableIdent) -> None:
         """Drop what is cached of a table another writer (the copy) committed to."""
-        self._tables.pop(ident, None)
+        self._states.pop(ident, None)
         self._applied.pop(ident, None)
         if self.cuts is not None:
             self.cuts.changed(ident)
@@ -263,15 +264,14 @@ class Applier:
         plan = plan_batch(batch, versions, self.applied)
         stats.skipped = plan.skipped
         tasks: list[TableTask] = []
-        planned: dict[str, tuple[Table, TableIdent, int | None]] = {}
+        planned: dict[str, TableState] = {}
         shares: dict[str, _StagedShare] = {}  # tables that use staged files
         direct: list[TableResult] = []  # tables whose changes were all staged
         used: set[str] = set()
         for tp in plan.tables:
-            table = loaded[tp.ident]
-            planned[tp.name] = (table, tp.ident, current_snapshot_id(table))
+            state = planned[tp.name] = loaded[tp.ident]
             staged = _StagedShare(tp.name)
-            schema_id = table.schema().schema_id if tp.insert_only else None
+            schema_id = state.table.schema().schema_id if tp.insert_only else None
             txns = tuple(staged.input(o, batch[o], tp.relation_ids, schema_id) for o in tp.ordinals)
             if staged.files:
                 used.update(staged.files)
@@ -279,7 +279,7 @@ class Applier:
                 if not any(t.segments for t in txns):  # all of it staged: no task
                     direct.append(staged.result(max(t.commit_lsn for t in txns)))
                     continue
-            tasks.append(self._task(tp, table, txns))
+            tasks.append(self._task(tp, state, txns))
         job_started = time.monotonic()
         stats.plan_seconds = job_started - stats.started
         results = run_tasks(
@@ -298,7 +298,9 @@ class Applier:
         failed = [r for r in results if r.error is not None]
         if failed:
             for r in results:
-                remove_orphans(planned[r.table][0], [*r.added, *(d.path for d in r.deletes)])
+                self.sink.remove_files(
+                    planned[r.table].table, [*r.added, *(d.path for d in r.deletes)]
+                )
             err = failed[0].error
             assert err is not None
             raise err
@@ -308,10 +310,10 @@ class Applier:
         commit_started = time.monotonic()
         self._commit(results, planned, batch[-1])
         for r in results:
-            table, ident, _ = planned[r.table]
-            self._expire(table)
-            self._applied[ident] = Lsn(r.last_commit_lsn)
-            self._tables.pop(ident, None)
+            state = planned[r.table]
+            self._expire(state.table)
+            self._applied[state.ident] = Lsn(r.last_commit_lsn)
+            self._states.pop(state.ident, None)
             if r.table in shares:
                 stats.staged_rows += shares[r.table].rows
         stats.commit_seconds = time.monotonic() - commit_started
@@ -322,12 +324,13 @@ class Applier:
         stats.finished = time.monotonic()
         return stats
 
-    def _task(self, tp: TablePlan, table: Table, txns: tuple[TxnInput, ...]) -> TableTask:
+    def _task(self, tp: TablePlan, state: TableState, txns: tuple[TxnInput, ...]) -> TableTask:
+        table = state.table
         data_files: list[DataFileInfo] = []
         delete_files: list[DeleteFileInfo] = []
         if not tp.insert_only:  # the task locates rows: it needs the live files
             key_column = tp.key_names[0] if len(tp.key_names) == 1 else None
-            data_files, delete_files = self._files.listing(table, key_column)
+            data_files, delete_files = self.sink.live_files(state, key_column)
         return TableTask(
             table=tp.name,
             relation_ids=tp.relation_ids,
@@ -344,57 +347,31 @@ class Applier:
         )
 
     def _commit(
-        self,
-        results: list[TableResult],
-        planned: dict[str, tuple[Table, TableIdent, int | None]],
-        last: CommittedTxn,
+        self, results: list[TableResult], planned: dict[str, TableState], last: CommittedTxn
     ) -> None:
-        """Every table's snapshot of the batch, and its cut: in one catalog transaction
-        when the catalog can (sink/atomic.py), otherwise one table after another and
-        the cut last. A failure removes the files of the tables not committed."""
-        staged: list[StagedSnapshot] = []
-        committed: set[str] = set()
-        try:
-            for r in results:
-                table, _, base = planned[r.table]
-                staged.append(
-                    stage_files(
-                        table,
-                        added=r.added,
-                        deletes=r.deletes,
-                        truncate=r.truncated,
-                        lsn=Lsn(r.last_commit_lsn),
-                        base_snapshot_id=base,
-                    )
-                )
-            cut = None
-            if self.cuts is not None and staged:
-                committed_at = dt.datetime.fromtimestamp(
-                    (last.commit_time + PG_EPOCH_OFFSET_MICROS) / 1e6, dt.UTC
-                )
-                cut = self.cuts.stage(staged, lsn=Lsn(last.commit_lsn), committed_at=committed_at)
-            if self.atomic:
-                commit_together(self.catalog, [*staged, *([cut[0]] if cut else [])])
-            else:
-                for r, one in zip(results, staged, strict=True):
-                    commit_staged(one)
-                    committed.add(r.table)
-                    failpoint("after-table-commit")
-                if cut is not None:
-                    commit_staged(cut[0])
-            if self.cuts is not None and cut is not None:
-                self.cuts.committed(staged, cut[1])
-                # Beside, as for the mirrored tables: an expiry deletes files and took
-                # half a second on the apply thread every ~50 batches. The apply holds
-                # the cuts table's lock from planning to commit (``_apply``).
-                self._expire(self.cuts.table)
-        except SparkapplyError as exc:
-            if not isinstance(exc, CommitOutcomeUnknownError):
-                for r in results:
-                    if r.table not in committed:
-                        table = planned[r.table][0]
-                        remove_orphans(table, [*r.added, *(d.path for d in r.deletes)])
-            raise
+        """Every table's snapshot of the batch, and its cut (the sink's
+        ``commit_batch``: one catalog transaction when the catalog can, otherwise one
+        table after another and the cut last; a failure removes the files of the
+        tables not committed)."""
+        changes = [
+            TableChange(
+                planned[r.table],
+                Lsn(r.last_commit_lsn),
+                added=r.added,
+                deletes=r.deletes,
+                truncate=r.truncated,
+            )
+            for r in results
+        ]
+        committed_at = dt.datetime.fromtimestamp(
+            (last.commit_time + PG_EPOCH_OFFSET_MICROS) / 1e6, dt.UTC
+        )
+        self.sink.commit_batch(changes, cut=CutPoint(Lsn(last.commit_lsn), committed_at))
+        if self.cuts is not None and changes:
+            # Beside, as for the mirrored tables: an expiry deletes files and took half a
+            # second on the apply thread every ~50 batches. The apply holds the cuts
+            # table's lock from planning to commit (``_apply``).
+            self._expire(self.cuts.table)
 
     def record_requested_cut(self, lsn: Lsn) -> None:
         """A cut at exactly ``lsn``, asked for by ``sparkapply cut --at-lsn``: every
@@ -415,13 +392,8 @@ class Applier:
             )
             return
         with self.locks.hold({self.cuts_ident}):
-            staged, cut = cuts.stage([], lsn=lsn, committed_at=None, requested=True)
-            if self.atomic:
-                commit_together(self.catalog, [staged])
-            else:
-                commit_staged(staged)
-            cuts.committed([], cut)
-        log.info("recorded the cut at %s as asked (%d tables)", lsn, len(cut.tables))
+            self.sink.commit_batch([], cut=CutPoint(lsn, None, requested=True))
+        log.info("recorded the cut at %s as asked", lsn)
 
     def _expire(self, table: Table, *, beside: bool = True) -> None:
         """Keep commits cheap: a commit's cost grows with the snapshots a table keeps.
@@ -439,23 +411,20 @@ class Applier:
         if beside and self.expire_beside is not None:
             self.expire_beside((namespace, name))
             return
+        retention = Retention(now, keep, protected, free_files=self.free_expired_files)
         try:
-            if self.free_expired_files:
-                expire_and_delete(table, older_than=now, retain_last=keep, keep=protected)
-            else:
-                expire_snapshots(table, older_than=now, retain_last=keep, keep=protected)
+            self.sink.expire(table, retention)
         except SparkapplyError as exc:  # maintenance: try again after a later batch
             log.warning("%s", exc)
 
-    def _table(self, ident: TableIdent, rels: list[tuple[m.Relation, Lsn]]) -> Table:
+    def _table(self, ident: TableIdent, rels: list[tuple[m.Relation, Lsn]]) -> TableState:
         self._known.add(ident)
-        table = self._tables.get(ident)
-        if table is None:
-            first = full_identity(rels[0][0])
-            table = ensure_table(self.catalog, ident, iceberg_schema_for(first))
+        state = self._states.get(ident)
+        if state is None:
+            state = self.sink.load_table(ident, full_identity(rels[0][0]))
             if ident not in self._applied:
-                self._applied[ident] = applied_lsn(table) or Lsn(0)
+                self._applied[ident] = state.applied
         for rel, lsn in rels:
-            table = evolve_to(self.catalog, ident, table, full_identity(rel), lsn=lsn)
-        self._tables[ident] = table
-        return table
+            state = self.sink.evolve_table(state, full_identity(rel), lsn=lsn)
+        self._states[ident] = state
+        return state
