@@ -11,9 +11,7 @@ import psycopg
 
 from sparkapply.pgoutput import Decoder
 from sparkapply.pgoutput import messages as m
-from tests.pgoutput.capture import (
-    Captured,
-)
+from tests.pgoutput.capture import Captured
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 INT4, INT8, TEXT, VARCHAR, NUMERIC, TIMESTAMPTZ = 23, 20, 25, 1043, 1700, 1184
