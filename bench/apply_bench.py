@@ -72,9 +72,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from benchlib.cli import bench_parser, parse_bench_args
 from benchlib.consumers import Consumer, NativeSubscription, PgRecvLogical, Results
 from benchlib.profiling import print_profile, profile_run
-from benchlib.report import Output, add_output_options, log, machine, print_table
+from benchlib.report import columns, log, machine, print_table
 from benchlib.servers import SETTINGS, SUBSCRIBER_SETTINGS, publish, scratch, server
 from benchlib.sparkapply_runs import SPARK_MASTER, Sparkapply, start_spark
 from benchlib.workloads import (
@@ -88,6 +89,8 @@ from benchlib.workloads import (
     write_backlog,
 )
 
+from sparkapply.embedded import EmbeddedPostgres
+
 PROFILE_SLOT = "sparkapply_cprofile"
 
 
@@ -100,22 +103,17 @@ def print_report(
         f"{changes:,} row changes, {backlog.wal_bytes / 1e6:.1f} MB of WAL; "
         f"best of {repeat}, one consumer at a time"
     )
-    columns = [
-        ("consumer", "<28"),
-        ("seconds", ">8.2f"),
-        ("rows/s", ">10,.0f"),
-        ("CPU s", ">7.1f"),
-        ("pub CPU", ">8.1f"),
-        ("   all runs (s)", "<24"),
-        ("spread", ">6.0%"),
-    ]
+    table = columns(
+        "consumer:<28|seconds:>8.2f|rows/s:>10,.0f|CPU s:>7.1f|pub CPU:>8.1f"
+        "|   all runs (s):<24|spread:>6.0%"
+    )
     rows = []
     for c in results:
         b = c.best
         runs = "   " + " ".join(f"{r.seconds:.2f}" for r in c.runs)
         cpu = (b.cpu.get("consumer", 0.0), b.cpu.get("publisher", 0.0))
         rows.append((c.name, b.seconds, changes / b.seconds, *cpu, runs, c.spread))
-    print_table(columns, rows)
+    print_table(table, rows)
     recv, native, sa = (c.best.seconds for c in results)
     ratios = {"sparkapply/native": native / sa, "sparkapply/pg_recvlogical": recv / sa}
     for name, seconds in (("native", native), ("pg_recvlogical", recv)):
@@ -156,7 +154,7 @@ def print_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--workload", choices=WORKLOADS, default="bulk")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--updates", type=int, default=20_000, help="scatter: transactions")
@@ -165,17 +163,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replica-identity", choices=("default", "full"), default="default")
     parser.add_argument("--profile", action="store_true", help="one more run, under cProfile")
     parser.add_argument("--profile-dir", type=Path, help="write .pstats and .txt here")
-    add_output_options(parser, "apply_<workload>_<rows>.json")
-    args = parser.parse_args(argv)
-    repeat = max(1, args.repeat)
+    args, output = parse_bench_args(parser, argv, "apply_<workload>_<rows>.json", _result_name)
     logging.basicConfig(level=logging.WARNING)
-    suffix = "_full" if args.replica_identity == "full" else ""
-    output = Output.from_args(
-        args.out, f"apply_{args.workload}_{args.rows}{suffix}.json", args.allow_dirty
-    )
 
     spark, spark_startup, spark_warmup = start_spark("sparkapply-apply-bench")
     log(f"Spark session {spark_startup:.1f}s, warm-up job {spark_warmup:.1f}s")
+    backlog, results, profile = measure(args, spark)
+
+    ratios = print_report(backlog, results, (spark_startup, spark_warmup), args.repeat)
+    if profile is not None:
+        print_profile(profile)
+    report: dict[str, Any] = {
+        "benchmark": "apply_bench",
+        "workload": args.workload,
+        "rows": args.rows,
+        "replica_identity": args.replica_identity,
+        "repeat": args.repeat,
+        "machine": machine(SPARK_MASTER),
+        "settings": SETTINGS,
+        "backlog": backlog.as_json(),
+        "spark_session_startup_seconds": round(spark_startup, 3),
+        "spark_warmup_job_seconds": round(spark_warmup, 3),
+        "consumers": {c.name: c.summary(backlog.changes) for c in results},
+        "rate_ratios": {k: round(v, 3) for k, v in ratios.items()},
+    }
+    if profile is not None:
+        report["profile"] = profile
+    output.write(report)
+    return 0
+
+
+def _result_name(args: argparse.Namespace) -> str:
+    suffix = "_full" if args.replica_identity == "full" else ""
+    return f"apply_{args.workload}_{args.rows}{suffix}.json"
+
+
+def measure(
+    args: argparse.Namespace, spark: Any
+) -> tuple[Backlog, list[Results], dict[str, Any] | None]:
+    """Both servers, every consumer prepared, the backlog written once, then drained by
+    each consumer in turn for ``--repeat`` rounds (and once more under cProfile)."""
+    repeat = args.repeat
     profile: dict[str, Any] | None = None
     with (
         scratch("sparkapply-apply-bench-") as tmp,
@@ -183,26 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         server(tmp / "sub", SUBSCRIBER_SETTINGS) as sub,
     ):
         try:
-            publish(pub.dsn(), ORDERS_DDL, ORDERS)
-            if args.replica_identity == "full":
-                with psycopg.connect(pub.dsn(), autocommit=True) as conn:
-                    conn.execute(f"ALTER TABLE {ORDERS} REPLICA IDENTITY FULL")
-            with psycopg.connect(sub.dsn(), autocommit=True) as conn:
-                conn.execute(ORDERS_DDL)
-            prefilled = args.rows if args.workload in PREFILLED else 0
-            if prefilled:
-                prefill(pub.dsn(), prefilled)
-            slots = [f"sparkapply_{i}" for i in range(repeat)]
-            consumers: list[Consumer] = [
-                PgRecvLogical(pub, repeat),
-                NativeSubscription(pub, sub, repeat, timeout=args.timeout, prefilled=prefilled),
-                Sparkapply(spark, pub, tmp, slots, streamed=True),
-            ]
-            if args.profile:
-                Sparkapply(spark, pub, tmp, [PROFILE_SLOT], streamed=True).prepare()
-            for consumer in consumers:
-                consumer.prepare()
-
+            consumers = prepare_consumers(args, spark, pub, sub, tmp)
             backlog = write_backlog(pub.dsn(), args.workload, args.rows, args.updates)
             log(
                 f"backlog: {backlog.changes:,} changes in {backlog.transactions:,}"
@@ -223,28 +232,39 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
         if args.profile:
             profile = profile_run(pub, tmp, PROFILE_SLOT, backlog, args.profile_dir)
+    return backlog, results, profile
 
-    ratios = print_report(backlog, results, (spark_startup, spark_warmup), repeat)
-    if profile is not None:
-        print_profile(profile)
-    report: dict[str, Any] = {
-        "benchmark": "apply_bench",
-        "workload": args.workload,
-        "rows": args.rows,
-        "replica_identity": args.replica_identity,
-        "repeat": repeat,
-        "machine": machine(SPARK_MASTER),
-        "settings": SETTINGS,
-        "backlog": backlog.as_json(),
-        "spark_session_startup_seconds": round(spark_startup, 3),
-        "spark_warmup_job_seconds": round(spark_warmup, 3),
-        "consumers": {c.name: c.summary(backlog.changes) for c in results},
-        "rate_ratios": {k: round(v, 3) for k, v in ratios.items()},
-    }
-    if profile is not None:
-        report["profile"] = profile
-    output.write(report)
-    return 0
+
+def prepare_consumers(
+    args: argparse.Namespace,
+    spark: Any,
+    pub: EmbeddedPostgres,
+    sub: EmbeddedPostgres,
+    tmp: Path,
+) -> list[Consumer]:
+    """The table on both servers (prefilled for update and scatter), the publication,
+    and every consumer made ready before any row of the backlog is written."""
+    repeat = args.repeat
+    publish(pub.dsn(), ORDERS_DDL, ORDERS)
+    if args.replica_identity == "full":
+        with psycopg.connect(pub.dsn(), autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {ORDERS} REPLICA IDENTITY FULL")
+    with psycopg.connect(sub.dsn(), autocommit=True) as conn:
+        conn.execute(ORDERS_DDL)
+    prefilled = args.rows if args.workload in PREFILLED else 0
+    if prefilled:
+        prefill(pub.dsn(), prefilled)
+    slots = [f"sparkapply_{i}" for i in range(repeat)]
+    consumers: list[Consumer] = [
+        PgRecvLogical(pub, repeat),
+        NativeSubscription(pub, sub, repeat, timeout=args.timeout, prefilled=prefilled),
+        Sparkapply(spark, pub, tmp, slots, streamed=True),
+    ]
+    if args.profile:
+        Sparkapply(spark, pub, tmp, [PROFILE_SLOT], streamed=True).prepare()
+    for consumer in consumers:
+        consumer.prepare()
+    return consumers
 
 
 if __name__ == "__main__":

@@ -34,13 +34,13 @@ too. See bench/README.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
 import psycopg
+from benchlib.cli import add_size_options, bench_parser, parse_bench_args
 from benchlib.consumers import Consumer, NativeCopy, Results
-from benchlib.report import Output, add_output_options, log, log_progress, machine, print_table
+from benchlib.report import columns, log, log_progress, machine, print_table
 from benchlib.servers import scratch, server
 from benchlib.sparkapply_runs import SPARK_MASTER, Sparkapply, start_spark
 from benchlib.workloads import BENCH_DDL, load_bench_table
@@ -53,14 +53,11 @@ SETTINGS = {  # sparkapply.embedded's normal settings, and room for the load's W
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--repeat", type=int, default=1)
+    parser = bench_parser(__doc__)
+    add_size_options(parser, rows=5_000_000, repeat=1)
     parser.add_argument("--native-first", action="store_true")
-    add_output_options(parser, None)
-    args = parser.parse_args(argv)
-    repeat = max(1, args.repeat)
-    output = Output.from_args(args.out, "copy.json", args.allow_dirty, by_default=False)
+    args, output = parse_bench_args(parser, argv, None, "copy.json")
+    repeat = args.repeat
     log_progress("py4j", "pyiceberg", "urllib3", "sparkapply.sink")
 
     with (
@@ -97,18 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         f"initial copy of {args.rows:,} rows (bench: bigint pk, int, text, timestamptz, "
         f"numeric(12,2)); best of {repeat}; {os.cpu_count()} cores"
     )
-    columns = [
-        ("", "<34"),
-        ("seconds", ">9.2f"),
-        ("rows/s", ">12,.0f"),
-        ("CPU cons.", ">11.1f"),
-        ("CPU pub.", ">10.1f"),
-    ]
+    table = columns(":<34|seconds:>9.2f|rows/s:>12,.0f|CPU cons.:>11.1f|CPU pub.:>10.1f")
     rows = []
     for res in results:
         b = res.best
         rows.append((res.name, b.seconds, args.rows / b.seconds, *b.cpu.values()))
-    print_table(columns, rows)
+    print_table(table, rows)
     ratio = results[1].best.seconds / results[0].best.seconds
     print(f"ratio sparkapply/native (rows/s): {ratio:.2f}")
     if repeat > 1:

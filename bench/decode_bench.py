@@ -25,7 +25,6 @@ decoder decodes. With ``--out``, the figures also go to a JSON file. See bench/R
 
 from __future__ import annotations
 
-import argparse
 import struct
 import time
 from collections.abc import Sequence
@@ -34,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from benchlib.cli import add_size_options, bench_parser, parse_bench_args
 from benchlib.consumers import PLUGIN_OPTIONS, recvlogical
-from benchlib.report import Output, add_output_options, log, machine, print_table
+from benchlib.report import log, machine, print_table
 from benchlib.servers import PUBLICATION, SETTINGS, create_slot, insert_lsn, scratch, server
 from benchlib.workloads import BENCH, BENCH_DDL, DECODE_INSERT
 
@@ -134,13 +134,10 @@ def time_decoder(payloads: Sequence[bytes], repeat: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
-    add_output_options(parser, None)
-    args = parser.parse_args(argv)
-    repeat = max(1, args.repeat)
-    output = Output.from_args(args.out, "decode.json", args.allow_dirty, by_default=False)
+    parser = bench_parser(__doc__)
+    add_size_options(parser, rows=1_000_000, repeat=3)
+    args, output = parse_bench_args(parser, argv, None, "decode.json")
+    repeat = args.repeat
 
     with scratch("sparkapply-bench-") as tmp, server(tmp / "data", SETTINGS) as pg:
         dsn = pg.dsn()

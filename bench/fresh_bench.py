@@ -27,16 +27,16 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-import signal
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import psycopg
 from benchlib import applog, freshness, pgbench
+from benchlib.cli import bench_parser, exit_on_sigterm, parse_bench_args
 from benchlib.live import (
     SPARK_MASTER,
     LiveConsumer,
@@ -44,11 +44,11 @@ from benchlib.live import (
     SlotWatch,
     SparkapplyProcess,
     cleanup,
-    sparkapply_config_text,
+    live_settings,
     wait_quiet,
 )
 from benchlib.metering import loadavg, tree_cpu
-from benchlib.report import Output, add_output_options, log, machine, print_table
+from benchlib.report import columns, log, machine, print_table
 from benchlib.servers import (
     LIVE_PUBLISHER,
     LIVE_SUBSCRIBER,
@@ -61,15 +61,23 @@ from benchlib.servers import (
 from sparkapply.embedded import EmbeddedPostgres
 
 
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """The publisher and both consumers: by name, with the root process of each one's
+    CPU, and sparkapply's process."""
+
+    pub: EmbeddedPostgres
+    consumers: dict[str, LiveConsumer]
+    roots: dict[str, int]
+    sa: SparkapplyProcess
+
+
 def measure(
-    pub: EmbeddedPostgres,
-    live: dict[str, LiveConsumer],
-    roots: dict[str, int],
-    sa: SparkapplyProcess,
-    args: argparse.Namespace,
-    rate: int,
+    setup: Setup, names: tuple[str, ...], args: argparse.Namespace, rate: int
 ) -> dict[str, Any]:
-    """One pgbench run at ``rate`` with the consumers ``live``; each one's lags."""
+    """One pgbench run at ``rate`` with the consumers ``names`` live; each one's lags."""
+    pub, roots, sa = setup.pub, setup.roots, setup.sa
+    live = {n: setup.consumers[n] for n in names}
     slots = {name: c.slot for name, c in live.items()}
     with (
         SlotWatch(pub.dsn()) as watch,
@@ -171,16 +179,10 @@ def prepare_live(
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
-    columns = [
-        ("rate", ">6"),
-        ("tps", ">8.0f"),
-        ("  consumer", "<14"),
-        ("p50 s", ">7.3f"),
-        ("p95 s", ">7.3f"),
-        ("max s", ">7.3f"),
-        ("tail s", ">7.3f"),
-        ("batches", ">8"),
-    ]
+    table = columns(
+        "rate:>6|tps:>8.0f|  consumer:<14|p50 s:>7.3f|p95 s:>7.3f|max s:>7.3f|tail s:>7.3f"
+        "|batches:>8"
+    )
     rows = []
     for r in results:
         for name, c in r["consumers"].items():
@@ -190,11 +192,38 @@ def print_report(results: list[dict[str, Any]]) -> None:
             rows.append(
                 (r["rate"], r["pgbench"].get("tps", 0.0), f"  {name}", *nums, tail, batches)
             )
-    print_table(columns, rows)
+    print_table(table, rows)
+
+
+def turns_of(mode: str, k: int) -> list[tuple[str, ...]]:
+    """Which consumers are live, turn by turn, at the ``k``-th rate: both at once, or
+    one at a time in an order that alternates between rates."""
+    if mode == "together":
+        return [("native", "sparkapply")]
+    turns: list[tuple[str, ...]] = [("native",), ("sparkapply",)]
+    if k % 2 == 1:
+        turns.reverse()
+    return turns
+
+
+def measure_rate(setup: Setup, args: argparse.Namespace, rate: int, k: int) -> list[dict[str, Any]]:
+    """Every turn at the ``k``-th rate: each one's consumers made live, then measured."""
+    results = []
+    for live in turns_of(args.mode, k):
+        prepare_live(setup.pub, setup.consumers, live, setup.sa, args.tail_timeout * 4)
+        log(f"rate {rate}: {' and '.join(live)} live; pgbench for {args.duration}s")
+        r = measure(setup, live, args, rate)
+        for name, c in r["consumers"].items():
+            log(
+                f"rate {rate} {name}: p50 {c['p50']} p95 {c['p95']} max {c['max']}"
+                f" tail {c['tail']} (pgbench tps {r['pgbench'].get('tps')})"
+            )
+        results.append(r)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--rates", default="300,1000,2000", help="pgbench -R, comma-separated")
     parser.add_argument("--duration", type=int, default=60, help="pgbench -T (s)")
     parser.add_argument("--clients", type=int, default=4, help="pgbench -c")
@@ -205,16 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-maintenance", action="store_true")
     parser.add_argument("--native-synchronous-commit", choices=("on", "off"), default="on")
     parser.add_argument("--log-dir", type=Path, help="keep sparkapply's log here")
-    add_output_options(parser, "fresh.json")
-    args = parser.parse_args(argv)
+    args, output = parse_bench_args(parser, argv, "fresh.json")
     rates = [int(r) for r in args.rates.split(",") if r.strip()]
     logging.basicConfig(level=logging.WARNING)
-    output = Output.from_args(args.out, "fresh.json", args.allow_dirty)
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
+    exit_on_sigterm()
     results: list[dict[str, Any]] = []
     with (
         scratch("sparkapply-fresh-") as tmp,
@@ -241,23 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                 watch.wait_slot(sa.slot, timeout=1800, check=sa.check)
             pgbench.run(pub, "-n", "-c", "1", "-t", "10")  # warm-up: a few small batches
             roots = {"native": postmaster_pid(sub), "sparkapply": sa.pid}
+            setup = Setup(pub, consumers, roots, sa)
             for k, rate in enumerate(rates):
-                if args.mode == "together":
-                    turns: list[tuple[str, ...]] = [("native", "sparkapply")]
-                else:
-                    turns = [("native",), ("sparkapply",)]
-                    if k % 2 == 1:
-                        turns.reverse()
-                for live in turns:
-                    prepare_live(pub, consumers, live, sa, args.tail_timeout * 4)
-                    log(f"rate {rate}: {' and '.join(live)} live; pgbench for {args.duration}s")
-                    r = measure(pub, {n: consumers[n] for n in live}, roots, sa, args, rate)
-                    for name, c in r["consumers"].items():
-                        log(
-                            f"rate {rate} {name}: p50 {c['p50']} p95 {c['p95']} max {c['max']}"
-                            f" tail {c['tail']} (pgbench tps {r['pgbench'].get('tps')})"
-                        )
-                    results.append(r)
+                results += measure_rate(setup, args, rate, k)
         finally:
 
             def keep_log() -> None:
@@ -282,17 +291,9 @@ def main(argv: list[str] | None = None) -> int:
             "mode": args.mode,
             "interval": args.interval,
             "machine": machine(SPARK_MASTER),
-            "settings": {
-                "publisher": LIVE_PUBLISHER,
-                "subscriber": LIVE_SUBSCRIBER,
-                "native_subscription": {
-                    "streaming": "parallel",
-                    "synchronous_commit": args.native_synchronous_commit,
-                },
-                "sparkapply_config": sparkapply_config_text(
-                    Path("<work_dir>"), "<dsn>", "<slot>", maintenance=not args.no_maintenance
-                ),
-            },
+            "settings": live_settings(
+                args.native_synchronous_commit, maintenance=not args.no_maintenance
+            ),
             "results": results,
         }
     )

@@ -37,14 +37,13 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from benchlib.cli import bench_parser, exit_on_sigterm, parse_bench_args
 from benchlib.consumers import Results
-from benchlib.live import SPARK_MASTER, sparkapply_config_text
+from benchlib.live import SPARK_MASTER, live_settings
 from benchlib.race import (
     OrdersWorkload,
     PgbenchWorkload,
@@ -53,7 +52,7 @@ from benchlib.race import (
     Round,
     order_of,
 )
-from benchlib.report import Output, add_output_options, log, machine, print_table
+from benchlib.report import Output, columns, log, machine, print_table
 from benchlib.servers import LIVE_PUBLISHER, LIVE_SUBSCRIBER, scratch, server
 from benchlib.workloads import Backlog
 
@@ -78,19 +77,13 @@ def print_report(
         f"{backlog.changes:,} row changes, {backlog.wal_bytes / 1e6:.1f} MB of WAL; best of"
         f" {repeat}; timed to the slot's confirmed_flush_lsn; one consumer at a time"
     )
-    columns = [
-        ("consumer", "<30"),
-        ("seconds", ">8.2f"),
-        ("CPU s", ">7.1f"),
-        ("pub CPU", ">8.1f"),
-        ("   all runs (s)", "<24"),
-    ]
+    table = columns("consumer:<30|seconds:>8.2f|CPU s:>7.1f|pub CPU:>8.1f|   all runs (s):<24")
     rows = []
     for res in (native, sa):
         b = res.best
         runs = "   " + " ".join(f"{r.seconds:.2f}" for r in res.runs)
         rows.append((res.name, b.seconds, b.cpu["consumer"], b.cpu["publisher"], runs))
-    print_table(columns, rows)
+    print_table(table, rows)
     ratio = native.best.seconds / sa.best.seconds
     print(f"ratio native/sparkapply: {ratio:.2f} (above 1: sparkapply is faster)")
     timeline = sa.best.detail.get("log", {})
@@ -113,8 +106,8 @@ def print_report(
     return ratio
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Output]:
+    parser = bench_parser(__doc__)
     parser.add_argument("--workload", choices=WORKLOADS, default="bulk")
     parser.add_argument("--rows", type=int, help="default 1,000,000 (mixed: 200,000)")
     parser.add_argument("--updates", type=int, default=20_000, help="scatter: transactions")
@@ -142,11 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--native-synchronous-commit", choices=("on", "off"), default="on")
     parser.add_argument("--log-dir", type=Path, help="keep each round's sparkapply log here")
-    add_output_options(parser, "race_<workload>.json")
-    args = parser.parse_args(argv)
-    repeat = max(1, args.repeat)
+    return parse_bench_args(parser, argv, "race_<workload>.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, output = parse_args(argv)
+    repeat = args.repeat
     logging.basicConfig(level=logging.WARNING)
-    output = Output.from_args(args.out, f"race_{args.workload}.json", args.allow_dirty)
     workload = make_workload(args)
     options = RaceOptions(
         maintenance=not args.no_maintenance,
@@ -155,11 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         native_synchronous_commit=args.native_synchronous_commit,
         timeout=args.timeout,
     )
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)  # the finally blocks end the processes
-
-    signal.signal(signal.SIGTERM, on_term)
+    exit_on_sigterm()
     native, sa = Results(NATIVE), Results(SPARKAPPLY)
     rounds: list[dict[str, Any]] = []
     backlog: Backlog | None = None
@@ -172,40 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(repeat):
             rnd = Round(i, pub, sub, tmp, workload, options)
             try:
-                rnd.prepare()
-                backlog = rnd.load()
-                log(
-                    f"round {i}: backlog of {backlog.changes:,} changes in"
-                    f" {backlog.transactions:,} transactions, {backlog.wal_bytes / 1e6:.1f} MB"
-                    f" of WAL, written in {backlog.seconds:.1f}s (target {backlog.last_commit})"
-                )
-                order = order_of(args.first, i)
-                drains: dict[str, Any] = {}
-                for k, who in enumerate(order):
-                    if who == "sparkapply":
-                        run = rnd.drain_sparkapply(backlog, pause_after=k == 0)
-                        sa.runs.append(run)
-                    else:
-                        run = rnd.drain_native(backlog)
-                        native.runs.append(run)
-                    drains[who] = {
-                        "seconds": round(run.seconds, 3),
-                        "load_before": round(run.load_before, 2),
-                        "cpu": run.cpu,
-                        **run.detail,
-                    }
-                    log(f"round {i}: {who} {run.seconds:.2f}s (load {run.load_before:.2f})")
-                verified = rnd.verify()
-                rounds.append(
-                    {
-                        "round": i,
-                        "order": list(order),
-                        "backlog": backlog.as_json(),
-                        "setup_seconds": {k: round(v, 2) for k, v in rnd.setup_seconds.items()},
-                        "drains": drains,
-                        "verified": verified,
-                    }
-                )
+                backlog, record = run_round(rnd, args.first, native, sa)
+                rounds.append(record)
             finally:
                 if args.log_dir is not None:
                     args.log_dir.mkdir(parents=True, exist_ok=True)
@@ -227,17 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": repeat,
         "machine": machine(SPARK_MASTER),
         "settings": {
-            "publisher": LIVE_PUBLISHER,
-            "subscriber": LIVE_SUBSCRIBER,
-            "native_subscription": {
-                "streaming": "parallel",
-                "synchronous_commit": options.native_synchronous_commit,
-                "copy_data": True,
-            },
-            "sparkapply_config": sparkapply_config_text(
-                Path("<work_dir>"),
-                "<dsn>",
-                "<slot>",
+            **live_settings(
+                options.native_synchronous_commit,
+                {"copy_data": True},
                 maintenance=options.maintenance,
                 cuts=options.cuts,
             ),
@@ -254,6 +205,47 @@ def main(argv: list[str] | None = None) -> int:
         report["pgbench_output_last_round"] = workload.output.strip().splitlines()[-12:]
     output.write(report)
     return 0
+
+
+def run_round(
+    rnd: Round, first: str, native: Results, sa: Results
+) -> tuple[Backlog, dict[str, Any]]:
+    """One round: fresh consumers, the load, each drain (added to ``native`` and
+    ``sa``), both copies verified; the backlog and the round's record."""
+    i = rnd.index
+    rnd.prepare()
+    backlog = rnd.load()
+    log(
+        f"round {i}: backlog of {backlog.changes:,} changes in"
+        f" {backlog.transactions:,} transactions, {backlog.wal_bytes / 1e6:.1f} MB"
+        f" of WAL, written in {backlog.seconds:.1f}s (target {backlog.last_commit})"
+    )
+    order = order_of(first, i)
+    drains: dict[str, Any] = {}
+    for k, who in enumerate(order):
+        if who == "sparkapply":
+            run = rnd.drain_sparkapply(backlog, pause_after=k == 0)
+            sa.runs.append(run)
+        else:
+            run = rnd.drain_native(backlog)
+            native.runs.append(run)
+        drains[who] = {
+            "seconds": round(run.seconds, 3),
+            "load_before": round(run.load_before, 2),
+            "cpu": run.cpu,
+            **run.detail,
+        }
+        log(f"round {i}: {who} {run.seconds:.2f}s (load {run.load_before:.2f})")
+    verified = rnd.verify()
+    record = {
+        "round": i,
+        "order": list(order),
+        "backlog": backlog.as_json(),
+        "setup_seconds": {k: round(v, 2) for k, v in rnd.setup_seconds.items()},
+        "drains": drains,
+        "verified": verified,
+    }
+    return backlog, record
 
 
 if __name__ == "__main__":

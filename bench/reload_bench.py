@@ -37,14 +37,14 @@ RELATION, TRUNCATE and INSERT messages). Results go to
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from typing import Any
 
 import psycopg
+from benchlib.cli import add_size_options, bench_parser, parse_bench_args
 from benchlib.consumers import PLUGIN_OPTIONS, Results, Run
-from benchlib.report import Output, add_output_options, log, machine, print_table
+from benchlib.report import log, machine, print_table
 from benchlib.servers import SETTINGS, create_slot, insert_lsn, publish, scratch, server
 from benchlib.sparkapply_runs import SPARK_MASTER, Sparkapply, start_spark
 from benchlib.workloads import (
@@ -52,13 +52,12 @@ from benchlib.workloads import (
     ORDERS_DDL,
     ORDERS_INSERT,
     Backlog,
-    checksum,
+    end_backlog,
     prefill,
     write_backlog,
 )
 
 from sparkapply.embedded import EmbeddedPostgres
-from sparkapply.lsn import Lsn
 
 LOADS = ("load", "reload")
 PROBE_SLOT = "reload_probe"
@@ -75,16 +74,7 @@ def write_reload(dsn: str, rows: int) -> Backlog:
             conn.execute(f"TRUNCATE {ORDERS}")
             b.inserts = conn.execute(ORDERS_INSERT, (1, rows)).rowcount
         b.seconds = time.perf_counter() - t
-        b.last_commit = insert_lsn(conn)
-        row = conn.execute(
-            "SELECT pg_logical_emit_message(false, 'reload_bench', 'end')::text"
-        ).fetchone()
-        assert row is not None
-        b.endpos = Lsn.parse(str(row[0]))
-        b.target = insert_lsn(conn)
-        b.expected = checksum(conn)
-        conn.execute(f"VACUUM ANALYZE {ORDERS}")
-        conn.execute("CHECKPOINT")
+        end_backlog(conn, b, "reload_bench")
     return b
 
 
@@ -173,16 +163,13 @@ def print_report(rows: int, work_mem: str, results: dict[str, Results]) -> float
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser = bench_parser(__doc__)
+    add_size_options(parser, rows=1_000_000, repeat=2)
     parser.add_argument("--work-mem", default="64kB", help="logical_decoding_work_mem")
     parser.add_argument("--no-probe", action="store_true", help="do not count the stream")
-    add_output_options(parser, "reload_<rows>.json")
-    args = parser.parse_args(argv)
-    repeat = max(1, args.repeat)
+    args, output = parse_bench_args(parser, argv, "reload_<rows>.json")
+    repeat = args.repeat
     logging.basicConfig(level=logging.WARNING)
-    output = Output.from_args(args.out, f"reload_{args.rows}.json", args.allow_dirty)
     settings = {**SETTINGS, "logical_decoding_work_mem": args.work_mem}
 
     spark, spark_startup, spark_warmup = start_spark("sparkapply-reload-bench")

@@ -35,17 +35,21 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchlib.report import Output, add_output_options, log, print_table
+from benchlib.cli import bench_parser, parse_bench_args
+from benchlib.report import columns, log, print_table
 from benchlib.servers import SETTINGS, publish, scratch, server
 from benchlib.sparkapply_runs import sparkapply_config, start_spark
 from benchlib.workloads import ORDERS, ORDERS_DDL, checksum, iceberg_checksum, prefill
 
 from sparkapply.run.batch import BatchStats
+
+if TYPE_CHECKING:
+    from sparkapply.maintain import Maintainer
 
 IDENT = ("public", ORDERS)
 INSERT = (
@@ -82,8 +86,6 @@ def warehouse_bytes(table: Any) -> tuple[int, int, int]:
 
 
 def soak(spark: Any, root: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    from sparkapply.config import MaintenanceConfig
-    from sparkapply.maintain import Maintainer
     from sparkapply.maintain.plan import health
     from sparkapply.run.subscriber import Subscriber
 
@@ -96,20 +98,7 @@ def soak(spark: Any, root: Path, mode: str, args: argparse.Namespace) -> dict[st
         sub.run(until_caught_up=True)
         catalog = sub.catalog
         assert catalog is not None
-        maintainer = None
-        if mode == "on":
-            maintainer = Maintainer(
-                MaintenanceConfig(
-                    target_file_size=args.target_mib * 1024 * 1024,
-                    max_data_files=args.max_data_files,
-                    max_delete_files=args.max_delete_files,
-                    retain_snapshots=args.retain,
-                    retain_seconds=0.0,
-                    orphan_interval_seconds=1e9,  # nothing crashes here
-                ),
-                spark,
-                catalog,
-            )
+        maintainer = _maintainer(args, spark, catalog) if mode == "on" else None
         rnd = random.Random(args.rows)
         next_id = args.rows + 1
         max_files = 0
@@ -169,6 +158,26 @@ def soak(spark: Any, root: Path, mode: str, args: argparse.Namespace) -> dict[st
         }
 
 
+def _maintainer(args: argparse.Namespace, spark: Any, catalog: Any) -> Maintainer:
+    """The maintainer of mode ``on``: ``[maintenance]`` defaults but the options given
+    and a retention by count alone."""
+    from sparkapply.config import MaintenanceConfig
+    from sparkapply.maintain import Maintainer
+
+    return Maintainer(
+        MaintenanceConfig(
+            target_file_size=args.target_mib * 1024 * 1024,
+            max_data_files=args.max_data_files,
+            max_delete_files=args.max_delete_files,
+            retain_snapshots=args.retain,
+            retain_seconds=0.0,
+            orphan_interval_seconds=1e9,  # nothing crashes here
+        ),
+        spark,
+        catalog,
+    )
+
+
 def _check(dsn: str, catalog: Any) -> None:
     with psycopg.connect(dsn) as conn:
         expected = checksum(conn)
@@ -178,7 +187,7 @@ def _check(dsn: str, catalog: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batches", type=int, default=2_000)
     parser.add_argument("--inserts", type=int, default=50)
@@ -189,9 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-mib", type=int, default=128)
     parser.add_argument("--max-data-files", type=int, default=64)
     parser.add_argument("--max-delete-files", type=int, default=16)
-    add_output_options(parser, "soak.json")
-    args = parser.parse_args(argv)
-    output = Output.from_args(args.out, "soak.json", args.allow_dirty)
+    args, output = parse_bench_args(parser, argv, "soak.json")
     spark, _, _ = start_spark("sparkapply-soak-bench")
     results = []
     try:
@@ -200,17 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(soak(spark, root, mode, args))
     finally:
         spark.stop()
-    columns = [
-        ("maintenance", ">12"),
-        ("commit first", ">14"),
-        ("last", ">10"),
-        ("ratio", ">7.2f"),
-        ("files", ">7"),
-        ("max", ">6"),
-        ("bytes/live", ">12"),
-        ("maint s", ">9.1f"),
-        ("  rows", "<6"),
-    ]
+    table = columns(
+        "maintenance:>12|commit first:>14|last:>10|ratio:>7.2f|files:>7|max:>6"
+        "|bytes/live:>12|maint s:>9.1f|  rows:<6"
+    )
     rows = []
     for r in results:
         ratio = r["bytes_ratio"]
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 "  equal" if r["rows_equal"] else "  DIFFER",
             )
         )
-    print_table(columns, rows)
+    print_table(table, rows)
     args_json = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     output.write({"benchmark": "soak_bench", "args": args_json, "modes": results})
     return 0

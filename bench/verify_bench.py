@@ -27,7 +27,6 @@ scans as ratios (below 1: verify's side is faster). See bench/README.md.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -39,8 +38,9 @@ from typing import Any
 
 import duckdb
 import psycopg
+from benchlib.cli import add_size_options, bench_parser, parse_bench_args
 from benchlib.live import SlotWatch, SparkapplyProcess, cleanup, sparkapply_command
-from benchlib.report import Output, add_output_options, log, log_progress, machine, print_table
+from benchlib.report import log, log_progress, machine, print_table
 from benchlib.servers import scratch, server
 from benchlib.sparkapply_runs import SPARK_MASTER, start_spark
 from benchlib.workloads import BENCH, COPY_INSERT, load_bench_table
@@ -95,13 +95,9 @@ def run_cli(config_path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--repeat", type=int, default=2)
-    add_output_options(parser, None)
-    args = parser.parse_args(argv)
-    repeat = max(1, args.repeat)
-    output = Output.from_args(args.out, "verify.json", args.allow_dirty, by_default=False)
+    parser = bench_parser(__doc__)
+    add_size_options(parser, rows=10_000_000, repeat=2)
+    args, output = parse_bench_args(parser, argv, None, "verify.json")
     log_progress("py4j", "pyiceberg", "urllib3", "sparkapply")
 
     with scratch("sparkapply-verify-bench-") as root, server(root / "publisher", SETTINGS) as pub:
@@ -120,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"copied into Iceberg and caught up in {time.perf_counter() - t:.1f}s")
             spark, startup, warmup = start_spark("sparkapply-verify-bench")
             log(f"Spark session and warm-up: {startup + warmup:.1f}s (not counted)")
-            figures = measure(proc.config_path, spark, repeat)
+            figures = measure(proc.config_path, spark, args.repeat)
         finally:
             cleanup(
                 proc.stop,
@@ -131,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.rows + 1
     print(
         f"verify of {rows:,} rows (bench: bigint pk, int, text, timestamptz, numeric(12,2));"
-        f" best of {repeat}; {os.cpu_count()} cores, Spark {SPARK_MASTER}"
+        f" best of {args.repeat}; {os.cpu_count()} cores, Spark {SPARK_MASTER}"
     )
     print_table(
         [("", "<46"), ("seconds", ">9.2f"), ("rows/s", ">13,.0f")],
@@ -147,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "benchmark": "verify_bench",
             "rows": rows,
-            "repeat": repeat,
+            "repeat": args.repeat,
             "machine": machine(SPARK_MASTER),
             **figures,
         }

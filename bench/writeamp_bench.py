@@ -19,7 +19,6 @@ Results go to ``bench/results/writeamp.json``.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
@@ -27,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from benchlib.report import Output, add_output_options, log, print_table
+from benchlib.cli import bench_parser, parse_bench_args
+from benchlib.report import log, print_table
 from benchlib.servers import SETTINGS, publish, scratch, server
 from benchlib.sparkapply_runs import sparkapply_config, start_spark
 from benchlib.workloads import ORDERS, ORDERS_DDL, checksum, iceberg_checksum, prefill
@@ -100,14 +100,12 @@ def measure_size(spark: Any, root: Path, rows: int, batches: int, per_batch: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--rows-per-batch", type=int, default=100)
-    add_output_options(parser, "writeamp.json")
-    args = parser.parse_args(argv)
+    args, output = parse_bench_args(parser, argv, "writeamp.json")
     sizes = [int(s) for s in args.sizes.split(",")]
-    output = Output.from_args(args.out, "writeamp.json", args.allow_dirty)
     spark, _, _ = start_spark("sparkapply-writeamp-bench")
     results = []
     try:

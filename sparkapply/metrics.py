@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,41 +42,35 @@ class Metrics:
     def __init__(self, config: MetricsConfig, work_dir: Path) -> None:
         self.config = config
         self.registry = r = CollectorRegistry()
-        self.received_lsn = Gauge(
-            "sparkapply_received_lsn", "Highest WAL position received (bytes)", registry=r
+        gauge, counter = partial(Gauge, registry=r), partial(Counter, registry=r)
+        self.received_lsn = gauge(
+            "sparkapply_received_lsn", "Highest WAL position received (bytes)"
         )
-        self.flushed_lsn = Gauge(
+        self.flushed_lsn = gauge(
             "sparkapply_flushed_lsn",
             "WAL position acknowledged to the publisher as durable (bytes)",
-            registry=r,
         )
-        self.lag_bytes = Gauge(
-            "sparkapply_lag_bytes", "Received minus acknowledged WAL position", registry=r
-        )
-        self.lag_seconds = Gauge(
+        self.lag_bytes = gauge("sparkapply_lag_bytes", "Received minus acknowledged WAL position")
+        self.lag_seconds = gauge(
             "sparkapply_lag_seconds",
             "Now minus the commit time of the last applied source transaction (0 when idle)",
-            registry=r,
         )
-        self.rows_applied = Counter(
+        self.rows_applied = counter(
             "sparkapply_rows_applied",
             "Source row changes applied, by table and operation",
             ["table", "operation"],
-            registry=r,
         )
-        self.rows_written = Counter(
-            "sparkapply_rows_written", "Row versions written to Iceberg", ["table"], registry=r
+        self.rows_written = counter(
+            "sparkapply_rows_written", "Row versions written to Iceberg", ["table"]
         )
-        self.rows_removed = Counter(
-            "sparkapply_rows_removed", "Rows removed from Iceberg", ["table"], registry=r
+        self.rows_removed = counter(
+            "sparkapply_rows_removed", "Rows removed from Iceberg", ["table"]
         )
-        self.transactions = Counter(
-            "sparkapply_transactions_applied", "Source transactions applied", registry=r
+        self.transactions = counter(
+            "sparkapply_transactions_applied", "Source transactions applied"
         )
-        self.skipped = Counter(
-            "sparkapply_transactions_skipped",
-            "Transactions dropped by `sparkapply skip`",
-            registry=r,
+        self.skipped = counter(
+            "sparkapply_transactions_skipped", "Transactions dropped by `sparkapply skip`"
         )
         self.batch_seconds = Histogram(
             "sparkapply_batch_seconds",
@@ -89,21 +84,19 @@ class Metrics:
             buckets=COMMIT_BUCKETS,
             registry=r,
         )
-        self.reconnects = Counter(
-            "sparkapply_reconnects", "Replication sessions ended by a transient error", registry=r
+        self.reconnects = counter(
+            "sparkapply_reconnects", "Replication sessions ended by a transient error"
         )
-        spool = Gauge("sparkapply_spool_bytes", "Bytes in the spool under work_dir", registry=r)
+        spool = gauge("sparkapply_spool_bytes", "Bytes in the spool under work_dir")
         spool.set_function(lambda: float(spool_bytes(work_dir)))
-        prepared = Gauge(
+        prepared = gauge(
             "sparkapply_prepared_pending",
             "Prepared transactions staged, waiting for COMMIT/ROLLBACK PREPARED",
-            registry=r,
         )
         prepared.set_function(lambda: float(len(pending_prepared(work_dir))))
-        verified = Gauge(
+        verified = gauge(
             "sparkapply_verify_match",
             "The last `sparkapply verify`: 1 every table matched, 0 one differed, -1 none yet",
-            registry=r,
         )
         verified.set_function(lambda: _verify_gauge(work_dir))
         self._server: WSGIServer | None = None

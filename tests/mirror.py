@@ -126,22 +126,29 @@ class Mirror:
         """Run ``sparkapply run --until-caught-up`` in a child process armed with
         ``failpoint``, and check that it died by SIGKILL there."""
         cfg = self.write_config(config_dir / "crash.toml", atomic_commit=atomic_commit, **apply)
-        proc = subprocess.run(
-            [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg), "--until-caught-up"],
-            env={**os.environ, "SPARKAPPLY_TEST_FAILPOINT": failpoint},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert proc.returncode == -signal.SIGKILL, (
-            f"failpoint {failpoint} was not hit (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-        )
+        killed(failpoint, "run", "--config", str(cfg), "--until-caught-up")
 
     def sql(self, *statements: str, autocommit: bool = True) -> None:
         with psycopg.connect(self.dsn, autocommit=autocommit) as conn:
             for s in statements:
                 conn.execute(s)
+
+    def insert_lsn(self) -> Lsn:
+        """The publisher's WAL insert position now."""
+        return Lsn.parse(self._one("SELECT pg_current_wal_insert_lsn()::text"))
+
+    def confirmed_lsn(self) -> str:
+        """The slot's ``confirmed_flush_lsn``: what the subscriber has acknowledged."""
+        return self._one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (self.slot,),
+        )
+
+    def _one(self, query: str, params: tuple[object, ...] = ()) -> str:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute(query, params).fetchone()
+        assert row is not None
+        return str(row[0])
 
     def iceberg_table(self, table: str) -> Table:
         ns, name = table.split(".")
@@ -209,6 +216,29 @@ class Mirror:
         assert len(left) == len(right), f"{table}: {len(left)} rows in PG, {len(right)} in Iceberg"
         for a, b in zip(left, right, strict=True):
             assert a == b, f"{table}: row differs\n  postgres: {a}\n  iceberg:  {b}"
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m sparkapply *args`` in a child process, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "sparkapply", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def killed(failpoint: str, *args: str) -> None:
+    """Run ``sparkapply *args`` armed with ``failpoint``, and check that it died by
+    SIGKILL there."""
+    proc = cli(*args, env={"SPARKAPPLY_TEST_FAILPOINT": failpoint})
+    assert proc.returncode == -signal.SIGKILL, (
+        f"failpoint {failpoint} was not hit (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    )
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:

@@ -37,7 +37,7 @@ import psycopg
 
 from benchlib.metering import process_tree, tree_cpu
 from benchlib.report import log
-from benchlib.servers import PUBLICATION
+from benchlib.servers import LIVE_PUBLISHER, LIVE_SUBSCRIBER, PUBLICATION
 from sparkapply.embedded import EmbeddedPostgres
 from sparkapply.lsn import Lsn
 
@@ -91,6 +91,26 @@ def sparkapply_config_text(
     if not maintenance:
         lines += ["", "[maintenance]", "enabled = false"]
     return "\n".join(lines) + "\n"
+
+
+def live_settings(
+    synchronous_commit: str, native: dict[str, Any] | None = None, **config: bool
+) -> dict[str, Any]:
+    """What a live benchmark's result records of its setup: both servers' settings, the
+    native subscription's options (``native`` adds to them) and sparkapply's config
+    (``config``: :func:`sparkapply_config_text`'s options)."""
+    return {
+        "publisher": LIVE_PUBLISHER,
+        "subscriber": LIVE_SUBSCRIBER,
+        "native_subscription": {
+            "streaming": "parallel",
+            "synchronous_commit": synchronous_commit,
+            **(native or {}),
+        },
+        "sparkapply_config": sparkapply_config_text(
+            Path("<work_dir>"), "<dsn>", "<slot>", **config
+        ),
+    }
 
 
 def cleanup(*steps: Callable[[], None]) -> None:

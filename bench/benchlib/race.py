@@ -33,6 +33,7 @@ import psycopg
 from benchlib import applog, pgbench
 from benchlib.consumers import Run
 from benchlib.live import (
+    LiveConsumer,
     NativeSubscription,
     SlotWatch,
     SparkapplyProcess,
@@ -271,19 +272,8 @@ class Round:
         state = self.watch.slot(sa.slot)
         walsender = sa.walsender_pid or (state[1] if state else None)
         sent = None if walsender is None else self.watch.sent(walsender)
-        load = loadavg()
-        with CpuMeter(sa.pid, postmaster_pid(self.pub)) as cpu:
-            released_wall = time.time()
-            t0 = time.monotonic()
-            sa.resume()
-            reached, _ = self.watch.wait(
-                sa.slot,
-                backlog.last_commit,
-                timeout=self.options.timeout,
-                check=sa.check,
-                what="sparkapply",
-            )
-        seconds = reached - t0
+        d = self._drain(sa, sa.pid, backlog, "sparkapply")
+        seconds = d.reached - d.t0
         if pause_after:
             sa.pause()
         # WAL of the load its walsender had decoded and sent before the release.
@@ -292,9 +282,9 @@ class Round:
         detail = {
             "walsender_frozen": sa.walsender_pid is not None,
             "walsender_head_start_bytes": head_start,
-            "log": self._log_since(released_wall, seconds),
+            "log": self._log_since(d.released_wall, seconds),
         }
-        return Run(seconds, load, cpu.as_dict(), detail=detail)
+        return Run(seconds, d.load, d.cpu.as_dict(), detail=detail)
 
     def _log_since(self, released_wall: float, seconds: float) -> dict[str, Any]:
         """The log's records from the release on, and when the target was seen."""
@@ -310,23 +300,30 @@ class Round:
     def drain_native(self, backlog: Backlog) -> Run:
         native = self.native
         assert native is not None
-        load = loadavg()
-        with CpuMeter(postmaster_pid(self.sub), postmaster_pid(self.pub)) as cpu:
-            t0 = time.monotonic()
-            native.resume()
-            reached, active = self.watch.wait(
-                native.slot,
-                backlog.last_commit,
-                timeout=self.options.timeout,
-                check=native.check,
-                what="native",
-            )
+        d = self._drain(native, postmaster_pid(self.sub), backlog, "native")
         native.check()
         detail = {
-            "worker_connected_seconds": None if active is None else round(active - t0, 3),
+            "worker_connected_seconds": None if d.active is None else round(d.active - d.t0, 3),
             "parallel_apply_workers_seen": native.parallel_workers_seen,
         }
-        return Run(reached - t0, load, cpu.as_dict(), detail=detail)
+        return Run(d.reached - d.t0, d.load, d.cpu.as_dict(), detail=detail)
+
+    def _drain(self, consumer: LiveConsumer, root: int, backlog: Backlog, what: str) -> _Drain:
+        """Release ``consumer`` (its processes under ``root``) and wait until its slot
+        confirms the backlog's last commit, metering CPU meanwhile."""
+        load = loadavg()
+        with CpuMeter(root, postmaster_pid(self.pub)) as cpu:
+            released_wall = time.time()
+            t0 = time.monotonic()
+            consumer.resume()
+            reached, active = self.watch.wait(
+                consumer.slot,
+                backlog.last_commit,
+                timeout=self.options.timeout,
+                check=consumer.check,
+                what=what,
+            )
+        return _Drain(load, cpu, released_wall, t0, reached, active)
 
     # -- verification --------------------------------------------------------------------
 
@@ -351,3 +348,17 @@ class Round:
                         f" {got[table]} != {want} (count, sums of {self.workload.tables[table]})"
                     )
         return {"tables": self.expected}
+
+
+@dataclass(frozen=True, slots=True)
+class _Drain:
+    """One consumer's drain: the load before it, its CPU, when it was released (wall
+    clock, monotonic), when its slot reached the target and when (if seen) its worker
+    connected."""
+
+    load: float
+    cpu: CpuMeter
+    released_wall: float
+    t0: float
+    reached: float
+    active: float | None

@@ -53,6 +53,12 @@ def print_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[obje
         print("".join(f"{value:{spec}}" for value, (_, spec) in zip(row, columns, strict=True)))
 
 
+def columns(spec: str) -> list[tuple[str, str]]:
+    """:func:`print_table`'s columns written on one line, ``"title:spec|title:spec"``;
+    a title keeps its spaces and may be empty."""
+    return [(title, fmt) for title, _, fmt in (c.rpartition(":") for c in spec.split("|"))]
+
+
 def uncommitted(repo: Path = REPO) -> list[str]:
     """Files under WATCHED that differ from HEAD (untracked ones included), except the
     results themselves."""

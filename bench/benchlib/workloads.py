@@ -172,19 +172,23 @@ def write_backlog(dsn: str, workload: str, rows: int, updates: int = 20_000) -> 
         else:
             _write_mixed(conn, b, rows)
         b.seconds = time.perf_counter() - t
-        b.last_commit = insert_lsn(conn)
-        # pgoutput sends a non-transactional message at once, in an XLogData whose
-        # position is the end of its record: the value this function returns.
-        row = conn.execute(
-            "SELECT pg_logical_emit_message(false, 'apply_bench', 'end')::text"
-        ).fetchone()
-        assert row is not None
-        b.endpos = Lsn.parse(str(row[0]))
-        b.target = insert_lsn(conn)
-        b.expected = checksum(conn)
-        conn.execute("VACUUM ANALYZE orders")  # not autovacuum during a measurement
-        conn.execute("CHECKPOINT")
+        end_backlog(conn, b, "apply_bench")
     return b
+
+
+def end_backlog(conn: psycopg.Connection[Any], b: Backlog, prefix: str) -> None:
+    """After the load's last commit: its position, the end message (``prefix``) and
+    its position, the target, the expected checksum; then vacuum and a checkpoint."""
+    b.last_commit = insert_lsn(conn)
+    # pgoutput sends a non-transactional message at once, in an XLogData whose
+    # position is the end of its record: the value this function returns.
+    row = conn.execute(f"SELECT pg_logical_emit_message(false, '{prefix}', 'end')::text").fetchone()
+    assert row is not None
+    b.endpos = Lsn.parse(str(row[0]))
+    b.target = insert_lsn(conn)
+    b.expected = checksum(conn)
+    conn.execute(f"VACUUM ANALYZE {ORDERS}")  # not autovacuum during a measurement
+    conn.execute("CHECKPOINT")
 
 
 def _write_mixed(conn: psycopg.Connection[Any], b: Backlog, rows: int) -> None:

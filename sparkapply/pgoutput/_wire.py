@@ -230,54 +230,33 @@ def _fast_constructor(cls: type[_T], *names: str) -> Callable[..., _T]:
     ):
         return cls
     setters = [d.__set__ for d in descriptors]  # type: ignore[union-attr]  # checked above
-    new = object.__new__
-    if len(setters) == 2:
-        s0, s1 = setters
+    return _setting_constructor(cls, setters)
 
-        def make2(a: Any, b: Any) -> Any:
-            o = new(cls)
-            s0(o, a)
-            s1(o, b)
-            return o
 
-        return make2
-    if len(setters) == 3:
-        s0, s1, s2 = setters
+def _setting_constructor(
+    cls: type[_T], setters: list[Callable[[Any, Any], None]]
+) -> Callable[..., _T]:
+    """``make(a0, a1, ...)``: a new ``cls`` with each setter applied to its argument.
 
-        def make3(a: Any, b: Any, c: Any) -> Any:
-            o = new(cls)
-            s0(o, a)
-            s1(o, b)
-            s2(o, c)
-            return o
-
-        return make3
-    if len(setters) == 4:
-        s0, s1, s2, s3 = setters
-
-        def make4(a: Any, b: Any, c: Any, d: Any) -> Any:
-            o = new(cls)
-            s0(o, a)
-            s1(o, b)
-            s2(o, c)
-            s3(o, d)
-            return o
-
-        return make4
-    if len(setters) == 5:
-        s0, s1, s2, s3, s4 = setters
-
-        def make5(a: Any, b: Any, c: Any, d: Any, e: Any) -> Any:
-            o = new(cls)
-            s0(o, a)
-            s1(o, b)
-            s2(o, c)
-            s3(o, d)
-            s4(o, e)
-            return o
-
-        return make5
-    return cls
+    The body is written out for the arity, as dataclasses writes ``__init__``: a loop
+    over the setters would cost most of what skipping ``__init__`` saves. The setters
+    are closure cells of ``make``, as in a hand-written one.
+    """
+    args = [f"a{i}" for i in range(len(setters))]
+    cells = [f"s{i}" for i in range(len(setters))]
+    sets = "".join(f"        {s}(o, {a})\n" for s, a in zip(cells, args, strict=True))
+    source = (
+        f"def factory(new, cls, {', '.join(cells)}):\n"
+        f"    def make({', '.join(args)}):\n"
+        "        o = new(cls)\n"
+        f"{sets}"
+        "        return o\n"
+        "    return make\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    make: Callable[..., _T] = namespace["factory"](object.__new__, cls, *setters)
+    return make
 
 
 _new_tupledata: Callable[[bytes, tuple[ColumnValue, ...]], TupleData] = _fast_constructor(

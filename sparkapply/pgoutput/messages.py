@@ -81,6 +81,8 @@ class TupleData:
 
 @dataclass(frozen=True, slots=True)
 class Begin:
+    """BEGIN ('B'): a transaction that is decoded whole, at its commit."""
+
     final_lsn: int
     commit_time: int
     xid: int
@@ -88,6 +90,8 @@ class Begin:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
+    """COMMIT ('C'): the end of the transaction a Begin opened."""
+
     flags: int
     commit_lsn: int
     end_lsn: int
@@ -96,12 +100,16 @@ class Commit:
 
 @dataclass(frozen=True, slots=True)
 class Origin:
+    """ORIGIN ('O'): the replication origin a transaction was replayed from."""
+
     commit_lsn: int
     name: str
 
 
 @dataclass(frozen=True, slots=True)
 class RelationColumn:
+    """One column of a Relation message."""
+
     flags: int  # 1 = part of the replica identity key
     name: str
     type_oid: int
@@ -114,6 +122,8 @@ class RelationColumn:
 
 @dataclass(frozen=True, slots=True)
 class Relation:
+    """RELATION ('R'): a table's published columns, sent before its first change."""
+
     xid: int | None
     relation_id: int
     namespace: str  # "" means pg_catalog
@@ -124,6 +134,8 @@ class Relation:
 
 @dataclass(frozen=True, slots=True)
 class Type:
+    """TYPE ('Y'): a user type's name, sent before a column of it is first used."""
+
     xid: int | None
     type_oid: int
     namespace: str
@@ -132,6 +144,8 @@ class Type:
 
 @dataclass(frozen=True, slots=True)
 class Insert:
+    """INSERT ('I'): the new row."""
+
     xid: int | None
     relation_id: int
     new: TupleData
@@ -139,6 +153,8 @@ class Insert:
 
 @dataclass(frozen=True, slots=True)
 class Update:
+    """UPDATE ('U'): the new row, after the old key or row when it is sent."""
+
     xid: int | None
     relation_id: int
     old_kind: Literal["K", "O"] | None  # K: old key, O: old row (REPLICA IDENTITY FULL)
@@ -148,6 +164,8 @@ class Update:
 
 @dataclass(frozen=True, slots=True)
 class Delete:
+    """DELETE ('D'): the old key, or the whole old row."""
+
     xid: int | None
     relation_id: int
     old_kind: Literal["K", "O"]
@@ -160,6 +178,8 @@ TRUNCATE_RESTART_IDENTITY = 2
 
 @dataclass(frozen=True, slots=True)
 class Truncate:
+    """TRUNCATE ('T'): the tables emptied by one statement."""
+
     xid: int | None
     options: int
     relation_ids: tuple[int, ...]
@@ -175,6 +195,8 @@ class Truncate:
 
 @dataclass(frozen=True, slots=True)
 class LogicalMessage:
+    """MESSAGE ('M'): what ``pg_logical_emit_message`` wrote."""
+
     xid: int | None
     flags: int  # 1 = transactional
     lsn: int
@@ -188,17 +210,21 @@ class LogicalMessage:
 
 @dataclass(frozen=True, slots=True)
 class StreamStart:
+    """STREAM START ('S'): a segment of a transaction still in progress begins."""
+
     xid: int
     first_segment: bool
 
 
 @dataclass(frozen=True, slots=True)
 class StreamStop:
-    pass
+    """STREAM STOP ('E'): the segment ends."""
 
 
 @dataclass(frozen=True, slots=True)
 class StreamCommit:
+    """STREAM COMMIT ('c'): the streamed transaction committed."""
+
     xid: int
     flags: int
     commit_lsn: int
@@ -208,6 +234,8 @@ class StreamCommit:
 
 @dataclass(frozen=True, slots=True)
 class StreamAbort:
+    """STREAM ABORT ('A'): the streamed transaction or one subtransaction aborted."""
+
     xid: int
     subxid: int
     # Present only with streaming = 'parallel' (protocol 4).
@@ -217,6 +245,8 @@ class StreamAbort:
 
 @dataclass(frozen=True, slots=True)
 class BeginPrepare:
+    """BEGIN PREPARE ('b'): a transaction that is decoded whole, at its PREPARE."""
+
     prepare_lsn: int
     end_lsn: int
     prepare_time: int
@@ -225,7 +255,9 @@ class BeginPrepare:
 
 
 @dataclass(frozen=True, slots=True)
-class Prepare:
+class _PrepareBody:
+    """What Prepare and Stream Prepare carry: one layout, two messages."""
+
     flags: int
     prepare_lsn: int
     end_lsn: int
@@ -235,7 +267,14 @@ class Prepare:
 
 
 @dataclass(frozen=True, slots=True)
+class Prepare(_PrepareBody):
+    """PREPARE ('P'): the end of the transaction a Begin Prepare opened."""
+
+
+@dataclass(frozen=True, slots=True)
 class CommitPrepared:
+    """COMMIT PREPARED ('K'): a prepared transaction committed."""
+
     flags: int
     commit_lsn: int
     end_lsn: int
@@ -246,6 +285,8 @@ class CommitPrepared:
 
 @dataclass(frozen=True, slots=True)
 class RollbackPrepared:
+    """ROLLBACK PREPARED ('r'): a prepared transaction rolled back."""
+
     flags: int
     prepare_end_lsn: int
     rollback_end_lsn: int
@@ -256,13 +297,8 @@ class RollbackPrepared:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamPrepare:
-    flags: int
-    prepare_lsn: int
-    end_lsn: int
-    prepare_time: int
-    xid: int
-    gid: str
+class StreamPrepare(_PrepareBody):
+    """STREAM PREPARE ('p'): the streamed transaction was prepared."""
 
 
 Message = (

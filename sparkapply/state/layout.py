@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 SPOOL_DIR = "spool"
@@ -38,32 +39,22 @@ VERIFY_FILE = "verify.json"
 LOGS_DIR = "logs"
 
 
-def spool_dir(work_dir: Path) -> Path:
-    return work_dir / SPOOL_DIR
+def _entry(name: str) -> Callable[[Path], Path]:
+    """The path of one entry directly under a ``work_dir``."""
+
+    def path(work_dir: Path) -> Path:
+        return work_dir / name
+
+    return path
 
 
-def prepared_dir(work_dir: Path) -> Path:
-    return work_dir / PREPARED_DIR
-
-
-def staging_dir(work_dir: Path) -> Path:
-    return work_dir / STAGING_DIR
-
-
-def skip_file(work_dir: Path) -> Path:
-    return work_dir / SKIP_FILE
-
-
-def cut_requests_dir(work_dir: Path) -> Path:
-    return work_dir / CUT_REQUESTS_DIR
-
-
-def verify_file(work_dir: Path) -> Path:
-    return work_dir / VERIFY_FILE
-
-
-def logs_dir(work_dir: Path) -> Path:
-    return work_dir / LOGS_DIR
+spool_dir = _entry(SPOOL_DIR)
+prepared_dir = _entry(PREPARED_DIR)
+staging_dir = _entry(STAGING_DIR)
+skip_file = _entry(SKIP_FILE)
+cut_requests_dir = _entry(CUT_REQUESTS_DIR)
+verify_file = _entry(VERIFY_FILE)
+logs_dir = _entry(LOGS_DIR)
 
 
 # -- inside prepared/ (given the store's directory: tests keep stores elsewhere) -----------

@@ -23,15 +23,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pyiceberg.catalog.sql import SqlCatalog
 
-from sparkapply.changes.assembler import Assembler
-from sparkapply.changes.prepared import PreparedStore
-from sparkapply.changes.progress import Progress
 from sparkapply.changes.spool import read_records
 from sparkapply.changes.transaction import CommittedTxn
-from sparkapply.lsn import Lsn
-from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
 from sparkapply.staging.stager import Stager
+from tests.changes.feed import Feed
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,7 +39,7 @@ SENT = m.Relation(TOP, 100, "public", "t", "d", COLUMNS)  # as it is sent inside
 EARLY, LATE, WINDOW = 50, 1500, 50  # chunks: where the two measured windows start
 
 
-class Receiver:
+class Receiver(Feed):
     """The assembler with the real stager, fed encoded messages."""
 
     def __init__(self, tmp_path: Path) -> None:
@@ -61,20 +57,7 @@ class Receiver:
             proto_version=4,
             streaming="parallel",
         )
-        self.asm = Assembler(
-            tmp_path,
-            proto_version=4,
-            streaming="parallel",
-            prepared=PreparedStore(tmp_path / "prepared"),
-            progress=Progress(Lsn(0)),
-            stager=self.stager,
-        )
-        self.lsn = 1000
-
-    def __call__(self, *msgs: m.Message) -> None:
-        for msg in msgs:
-            self.lsn += 10
-            self.asm.feed(encode(msg), self.lsn)
+        super().__init__(tmp_path, self.stager)
 
     def close(self) -> None:
         self.stager.close()

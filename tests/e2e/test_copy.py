@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +18,9 @@ from sparkapply.errors import PublicationError, SlotError
 from sparkapply.lsn import Lsn
 from sparkapply.run.subscriber import Subscriber
 from sparkapply.sink.catalog import open_catalog
-from tests.mirror import Mirror, normalize
+from tests.mirror import Mirror, normalize, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def _insert_lsn(mirror: Mirror) -> Lsn:
-    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    return Lsn.parse(row[0])
 
 
 def _assert_equals_query(mirror: Mirror, table: str, query: str) -> None:
@@ -137,16 +121,16 @@ def test_million_rows_copied_while_the_publisher_writes(mirror: Mirror) -> None:
     streaming = threading.Thread(target=subscriber)
     writing.start()
     try:
-        _wait(lambda: len(commits) > 20 or bool(errors), "the writer to start")
+        wait_until(lambda: len(commits) > 20 or bool(errors), "the writer to start")
         before = len(commits)
         streaming.start()  # creates the slot and copies while the writer runs
-        _wait(lambda: copied() or bool(errors), "the copy")
+        wait_until(lambda: copied() or bool(errors), "the copy")
         during = len(commits) - before
         time.sleep(0.5)  # and a little after the copy committed
         stop_writer.set()
         writing.join()
-        target = _insert_lsn(mirror)
-        _wait(lambda: sub.summary.flushed >= target or bool(errors), "the stream to catch up")
+        target = mirror.insert_lsn()
+        wait_until(lambda: sub.summary.flushed >= target or bool(errors), "the stream to catch up")
     finally:
         stop_writer.set()
         sub.stop()
@@ -216,9 +200,9 @@ def test_tables_added_to_the_publication_are_copied_while_streaming(mirror: Mirr
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        _wait(lambda: sub._copier is not None or bool(errors), "the slot and the first copy")
+        wait_until(lambda: sub._copier is not None or bool(errors), "the slot and the first copy")
         mirror.sql("INSERT INTO a VALUES (1, 'streamed')")
-        _wait(lambda: sub.summary.transactions >= 1 or bool(errors), "streaming to start")
+        wait_until(lambda: sub.summary.transactions >= 1 or bool(errors), "streaming to start")
         # b: published, then changed. Its first RELATION message triggers the copy;
         # the changes made before the copy's snapshot must not be applied twice.
         mirror.sql(
@@ -227,16 +211,16 @@ def test_tables_added_to_the_publication_are_copied_while_streaming(mirror: Mirr
             "DELETE FROM b WHERE id % 5 = 0",
             "INSERT INTO b VALUES (100000, 'new')",
         )
-        _wait(lambda: copied("public.b") or bool(errors), "the copy of b")
+        wait_until(lambda: copied("public.b") or bool(errors), "the copy of b")
         mirror.sql("UPDATE b SET v = 'after copy' WHERE id < 100", "INSERT INTO a VALUES (2, 'x')")
         # c: published and idle: the periodic check finds it.
         mirror.sql("ALTER PUBLICATION pub ADD TABLE c")
         assert sub._copier is not None
         sub._copier.check_interval = 0.5
-        _wait(lambda: copied("public.c") or bool(errors), "the copy of c")
+        wait_until(lambda: copied("public.c") or bool(errors), "the copy of c")
         mirror.sql("DELETE FROM c WHERE id <= 10", "UPDATE c SET v = 'streamed' WHERE id = 20")
-        target = _insert_lsn(mirror)
-        _wait(lambda: sub.summary.flushed >= target or bool(errors), "the stream to catch up")
+        target = mirror.insert_lsn()
+        wait_until(lambda: sub.summary.flushed >= target or bool(errors), "the stream to catch up")
     finally:
         sub.stop()
         thread.join()

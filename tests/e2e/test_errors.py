@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -11,25 +9,10 @@ import psycopg
 import pytest
 
 from sparkapply.embedded import EmbeddedPostgres
-from sparkapply.errors import (
-    PublicationError,
-    SchemaChangeError,
-    SlotError,
-    SourceError,
-)
-from tests.mirror import Mirror
+from sparkapply.errors import PublicationError, SchemaChangeError, SlotError, SourceError
+from tests.mirror import Mirror, cli
 
 pytestmark = pytest.mark.integration
-
-
-def _confirmed(mirror: Mirror) -> str:
-    with psycopg.connect(mirror.dsn) as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-            (mirror.slot,),
-        ).fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 def test_missing_publication(mirror: Mirror) -> None:
@@ -60,10 +43,7 @@ def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -
     mirror.run()
     mirror.sql("ALTER TABLE t ALTER COLUMN n TYPE text")
     # Acknowledging past the (empty) ALTER is fine; past the INSERT after it is not.
-    with psycopg.connect(mirror.dsn) as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    before_insert = row[0]
+    before_insert = str(mirror.insert_lsn())
     mirror.sql("INSERT INTO t VALUES (3, 'three')")
     with pytest.raises(SchemaChangeError) as info:
         mirror.run()
@@ -74,7 +54,7 @@ def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -
     # Nothing past the failed transaction was acknowledged, and Iceberg kept its rows.
     with psycopg.connect(mirror.dsn) as conn:
         ok = conn.execute(
-            "SELECT %s::pg_lsn <= %s::pg_lsn", (_confirmed(mirror), before_insert)
+            "SELECT %s::pg_lsn <= %s::pg_lsn", (mirror.confirmed_lsn(), before_insert)
         ).fetchone()
     assert ok == (True,)
     _, rows = mirror.iceberg_rows("public.t")
@@ -105,13 +85,7 @@ def test_cli_reports_operator_error_with_exit_code_2(pg_dsn: str, tmp_path: Path
         'publication = "nope"\n'
         f'[sink.catalog]\ntype = "sql"\nuri = "sqlite:///{tmp_path}/c.db"\n'
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = cli("run", "--config", str(cfg), timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "publication 'nope' does not exist" in proc.stderr
     assert "s3cret" not in proc.stderr + proc.stdout
@@ -120,12 +94,6 @@ def test_cli_reports_operator_error_with_exit_code_2(pg_dsn: str, tmp_path: Path
 def test_cli_rejects_unknown_config_key(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[source]\ndsn = "x"\npublication = "p"\nslott = "s"\n')
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkapply", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = cli("run", "--config", str(cfg), timeout=60)
     assert proc.returncode == 2
     assert "unknown configuration key source.slott" in proc.stderr

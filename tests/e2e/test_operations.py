@@ -7,8 +7,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -30,17 +28,10 @@ from sparkapply.errors import (
 from sparkapply.lsn import Lsn
 from sparkapply.run.errors import spark_job_error
 from sparkapply.run.subscriber import Subscriber
-from tests.mirror import Mirror, Running
+from tests.mirror import Mirror, Running, cli
 from tests.mirror import wait_until as _wait
 
 pytestmark = pytest.mark.integration
-
-
-def _insert_lsn(dsn: str) -> Lsn:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    return Lsn.parse(row[0])
 
 
 def _slot_pid(mirror: Mirror) -> int | None:
@@ -49,17 +40,6 @@ def _slot_pid(mirror: Mirror) -> int | None:
             "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (mirror.slot,)
         ).fetchone()
     return None if row is None else row[0]
-
-
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sparkapply", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -90,7 +70,7 @@ def test_status_and_metrics_while_running_and_after(mirror: Mirror, tmp_path: Pa
             conn.execute("BEGIN")
             conn.execute("INSERT INTO t VALUES (9999, 'prepared')")
             conn.execute("PREPARE TRANSACTION 'gx'")
-        target = _insert_lsn(mirror.dsn)
+        target = mirror.insert_lsn()
         running.wait_flushed(target)
 
         m = _scrape(port)
@@ -135,14 +115,14 @@ def test_status_and_metrics_while_running_and_after(mirror: Mirror, tmp_path: Pa
 
     _wait(lambda: _slot_pid(mirror) is None, "the walsender to let go of the slot", 30)
     cfg = mirror.write_config(tmp_path / "status.toml")
-    proc = _cli("status", "--config", str(cfg), "--json")
+    proc = cli("status", "--config", str(cfg), "--json")
     assert proc.returncode == 0, proc.stderr
     data: dict[str, Any] = json.loads(proc.stdout)
     assert data["slot"]["exists"] and not data["slot"]["active"]
     assert data["tables"][0]["rows"] == 450
     assert data["prepared"][0]["gid"] == "gx"
     assert data["commits"].startswith("atomic") and data["latest_cut"] is not None
-    proc = _cli("status", "--config", str(cfg))
+    proc = cli("status", "--config", str(cfg))
     assert proc.returncode == 0, proc.stderr
     assert "inactive" in proc.stdout and "public.t" in proc.stdout and "gx" in proc.stdout
     assert "450" in proc.stdout
@@ -177,11 +157,11 @@ def test_poison_transaction_is_named_skipped_and_acknowledged(
     assert f"sparkapply skip --config <file> --lsn {commit_lsn}" in text
 
     cfg = mirror.write_config(tmp_path / "skip.toml")
-    bad = _cli("skip", "--config", str(cfg), "--lsn", "not-an-lsn")
+    bad = cli("skip", "--config", str(cfg), "--lsn", "not-an-lsn")
     assert bad.returncode == 2 and "--lsn" in bad.stderr
-    done = _cli("skip", "--config", str(cfg), "--lsn", "0/1")
+    done = cli("skip", "--config", str(cfg), "--lsn", "0/1")
     assert done.returncode == 2 and "already acknowledged" in done.stderr
-    proc = _cli("skip", "--config", str(cfg), "--lsn", str(commit_lsn))
+    proc = cli("skip", "--config", str(cfg), "--lsn", str(commit_lsn))
     assert proc.returncode == 0, proc.stderr
     record = mirror.config.work_dir / "skip.json"
     assert json.loads(record.read_text()) == {"lsn": str(commit_lsn)}
@@ -214,7 +194,7 @@ def test_login_without_replication_stops_with_exit_2(pg_dsn: str, tmp_path: Path
             f'[sink.catalog]\ntype = "sql"\nuri = "sqlite:///{tmp_path}/c.db"\n'
         )
         started = time.monotonic()
-        proc = _cli("run", "--config", str(cfg))
+        proc = cli("run", "--config", str(cfg))
         assert proc.returncode == 2, proc.stderr
         assert f'ALTER ROLE "{role}" WITH REPLICATION' in proc.stderr
         assert "lacks the REPLICATION attribute" in proc.stderr
@@ -227,7 +207,7 @@ def test_login_without_replication_stops_with_exit_2(pg_dsn: str, tmp_path: Path
 def test_malformed_dsn_is_a_configuration_error(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[source]\ndsn = "x"\npublication = "p"\n')
-    proc = _cli("run", "--config", str(cfg))
+    proc = cli("run", "--config", str(cfg))
     assert proc.returncode == 2, proc.stderr
     assert "[source] dsn is not a libpq connection string" in proc.stderr
     assert "ProgrammingError" not in proc.stderr
@@ -242,7 +222,7 @@ def test_a_dropped_connection_is_retried(mirror: Mirror) -> None:
         with psycopg.connect(mirror.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (_slot_pid(mirror),))
         mirror.sql("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 100) g")
-        running.wait_flushed(_insert_lsn(mirror.dsn))
+        running.wait_flushed(mirror.insert_lsn())
         assert running.sub.summary.reconnects >= 1
     finally:
         running.stop()

@@ -122,26 +122,14 @@ def test_slot_advances_while_only_unpublished_tables_change(mirror: Mirror) -> N
         "CREATE PUBLICATION pub FOR TABLE published",
     )
     mirror.run()
-
-    def confirmed() -> str:
-        with psycopg.connect(mirror.dsn) as conn:
-            row = conn.execute(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                (mirror.slot,),
-            ).fetchone()
-        assert row is not None
-        return str(row[0])
-
-    before = confirmed()
+    before = mirror.confirmed_lsn()
     mirror.sql("INSERT INTO unpublished SELECT g, md5(g::text) FROM generate_series(1, 5000) g")
-    with psycopg.connect(mirror.dsn) as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    after_writes = str(row[0])
+    after_writes = str(mirror.insert_lsn())
     mirror.run()
+    confirmed = mirror.confirmed_lsn()
     with psycopg.connect(mirror.dsn) as conn:
         ok = conn.execute(
             "SELECT %s::pg_lsn >= %s::pg_lsn AND %s::pg_lsn > %s::pg_lsn",
-            (confirmed(), after_writes, confirmed(), before),
+            (confirmed, after_writes, confirmed, before),
         ).fetchone()
-    assert ok == (True,), (before, after_writes, confirmed())
+    assert ok == (True,), (before, after_writes, mirror.confirmed_lsn())

@@ -4,12 +4,7 @@ kill the table is what it was; the next run's orphan sweep removes the leftovers
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyiceberg.catalog import Catalog
@@ -18,6 +13,7 @@ from pyiceberg.table import Table
 from sparkapply.lsn import Lsn
 from sparkapply.sink import applied_lsn, commit_files
 from sparkapply.sink.maintenance import referenced_files
+from tests.mirror import killed
 from tests.sink.conftest import ORDERS
 from tests.sink.executor_files import write_orders
 
@@ -27,36 +23,19 @@ from .test_maintainer import write_config
 pytestmark = [pytest.mark.slow]
 
 
-def maintain_killed(config: Path, failpoint: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkapply", "maintain", "--config", str(config)],
-        env={**os.environ, "SPARKAPPLY_TEST_FAILPOINT": failpoint},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == -signal.SIGKILL, (
-        f"failpoint {failpoint} was not hit (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-    )
-
-
 def unreferenced(table: Table) -> set[str]:
     keep = {p.removeprefix("file://") for p in referenced_files(table)}
     return {p.removeprefix("file://") for p in files(table)} - keep
 
 
+@pytest.mark.usefixtures("spark")
 def test_kill_inside_compaction(
-    catalog: Catalog,
-    catalog_properties: dict[str, str],
-    orders: Table,
-    tmp_path: Path,
-    spark: Any,
+    catalog: Catalog, catalog_properties: dict[str, str], orders: Table, tmp_path: Path
 ) -> None:
     churn(orders, 5)
     before_rows, lsn, location = rows(orders), applied_lsn(orders), orders.metadata_location
     config = write_config(tmp_path, catalog_properties, orphan_grace_seconds=0)
-    maintain_killed(config, "compact-before-commit")
+    killed("compact-before-commit", "maintain", "--config", str(config))
 
     table = catalog.load_table(ORDERS)
     assert table.metadata_location == location  # nothing committed
@@ -86,7 +65,7 @@ def test_kill_inside_expiry(
         retain_seconds=0,
         orphan_grace_seconds=0,
     )
-    maintain_killed(config, "expire-before-delete")
+    killed("expire-before-delete", "maintain", "--config", str(config))
 
     table = catalog.load_table(ORDERS)
     assert len(table.metadata.snapshots) == 1  # the expiry committed...

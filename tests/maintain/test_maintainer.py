@@ -148,12 +148,9 @@ def test_maintain_dry_run_changes_nothing(
     assert files(table) == listing
 
 
+@pytest.mark.usefixtures("spark")
 def test_maintain_command(
-    catalog: Catalog,
-    catalog_properties: dict[str, str],
-    orders: Table,
-    tmp_path: Path,
-    spark: Any,
+    catalog: Catalog, catalog_properties: dict[str, str], orders: Table, tmp_path: Path
 ) -> None:
     churn(orders, 5)
     before_rows, lsn = rows(orders), applied_lsn(orders)

@@ -17,6 +17,8 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 
 _TAGS = b"BCORYIUDTMSEcAbPKrp"
 Outcome = tuple[str, object]
+Setup = tuple[int, s.Streaming, bool]  # protocol version, streaming, inside a stream block
+Case = tuple[int, s.Streaming, bool, bytes]  # a setup and a valid message's bytes
 
 
 def _outcome(dec: Decoder, payload: bytes | bytearray | memoryview) -> Outcome:
@@ -49,13 +51,13 @@ def _check(payload: bytes, proto: int, streaming: s.Streaming, in_stream: bool) 
 
 
 @st.composite
-def _setup(draw: st.DrawFn) -> tuple[int, s.Streaming, bool]:
+def _setup(draw: st.DrawFn) -> Setup:
     proto, streaming = draw(s.negotiations())
     return proto, streaming, s.stream_active(proto, streaming) and draw(st.booleans())
 
 
 @st.composite
-def _valid(draw: st.DrawFn) -> tuple[int, s.Streaming, bool, bytes]:
+def _valid(draw: st.DrawFn) -> Case:
     proto, streaming, in_stream = draw(_setup())
     msg = draw(s.messages(proto, streaming, in_stream=in_stream))
     return proto, streaming, in_stream, encode(msg, proto_version=proto, streaming=streaming)
@@ -63,23 +65,19 @@ def _valid(draw: st.DrawFn) -> tuple[int, s.Streaming, bool, bytes]:
 
 @SETTINGS
 @given(_setup(), st.binary(max_size=64))
-def test_random_bytes(setup: tuple[int, s.Streaming, bool], payload: bytes) -> None:
+def test_random_bytes(setup: Setup, payload: bytes) -> None:
     _check(payload, *setup)
 
 
 @SETTINGS
 @given(_setup(), st.sampled_from(_TAGS), st.binary(max_size=64))
-def test_random_bodies_behind_known_tags(
-    setup: tuple[int, s.Streaming, bool], tag: int, body: bytes
-) -> None:
+def test_random_bodies_behind_known_tags(setup: Setup, tag: int, body: bytes) -> None:
     _check(bytes((tag,)) + body, *setup)
 
 
 @SETTINGS
 @given(_valid(), st.data())
-def test_every_truncation_is_an_error(
-    case: tuple[int, s.Streaming, bool, bytes], data: st.DataObject
-) -> None:
+def test_every_truncation_is_an_error(case: Case, data: st.DataObject) -> None:
     """Every message's length follows from its content, so no strict prefix is valid."""
     proto, streaming, in_stream, wire = case
     cut = data.draw(st.integers(0, len(wire) - 1))
@@ -89,9 +87,7 @@ def test_every_truncation_is_an_error(
 
 @SETTINGS
 @given(_valid(), st.binary(min_size=1, max_size=8))
-def test_appended_bytes_are_an_error(
-    case: tuple[int, s.Streaming, bool, bytes], extra: bytes
-) -> None:
+def test_appended_bytes_are_an_error(case: Case, extra: bytes) -> None:
     proto, streaming, in_stream, wire = case
     kind, detail = _check(wire + extra, proto, streaming, in_stream)
     assert kind == "error"
@@ -100,9 +96,7 @@ def test_appended_bytes_are_an_error(
 
 @SETTINGS
 @given(_valid(), st.data())
-def test_flipped_inserted_and_deleted_bytes(
-    case: tuple[int, s.Streaming, bool, bytes], data: st.DataObject
-) -> None:
+def test_flipped_inserted_and_deleted_bytes(case: Case, data: st.DataObject) -> None:
     proto, streaming, in_stream, wire = case
     buf = bytearray(wire)
     for _ in range(data.draw(st.integers(1, 3))):
@@ -120,7 +114,7 @@ def test_flipped_inserted_and_deleted_bytes(
 @SETTINGS
 @given(_setup(), st.binary(max_size=48), st.data())
 def test_a_failed_decode_leaves_the_decoder_usable(
-    setup: tuple[int, s.Streaming, bool], junk: bytes, data: st.DataObject
+    setup: Setup, junk: bytes, data: st.DataObject
 ) -> None:
     """After any outcome, the decoder decodes the next valid message like a fresh one."""
     proto, streaming, in_stream = setup

@@ -228,17 +228,8 @@ def test_update_delete_old_tuples_and_unchanged_toast(pg_dsn: str) -> None:
             w.execute("UPDATE d SET id = 4, n = 2 WHERE id = 1")  # key change + toast kept
         msgs = decode(cap.read())
     assert kinds(msgs) == [
-        "Begin",
-        "Relation",
-        "Update",
-        "Update",
-        "Update",
-        "Relation",
-        "Update",
-        "Delete",
-        "Delete",
-        "Update",
-        "Commit",
+        *["Begin", "Relation", "Update", "Update", "Update"],
+        *["Relation", "Update", "Delete", "Delete", "Update", "Commit"],
     ]
     rel_d, rel_f = of(msgs, m.Relation)
     u_toast, u_key, u_big, u_full, u_key_toast = of(msgs, m.Update)
@@ -391,11 +382,7 @@ def test_logical_messages(pg_dsn: str) -> None:
     # A non-transactional message is sent when decoded, outside any transaction.
     assert kinds(msgs) == [
         "LogicalMessage",
-        "Begin",
-        "LogicalMessage",
-        "Relation",
-        "Insert",
-        "Commit",
+        *["Begin", "LogicalMessage", "Relation", "Insert", "Commit"],
         "LogicalMessage",
     ]
     nt, tx, lost = of(msgs, m.LogicalMessage)

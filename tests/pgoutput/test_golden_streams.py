@@ -11,26 +11,10 @@ from psycopg import sql
 
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
-from tests.pgoutput.capture import (
-    CaptureOptions,
-    PgoutputCapture,
-    StreamingOption,
-    connect,
-    current_lsn,
-    current_xid,
-    representative_workload,
-    row_xmin,
-)
+from tests.pgoutput import capture
+from tests.pgoutput.capture import PgoutputCapture, connect, current_lsn, current_xid, row_xmin
 from tests.pgoutput.capture_file import read_capture
-from tests.pgoutput.golden import (
-    decode,
-    kinds,
-    of,
-    one,
-    server_clock,
-    stream_segments,
-    tup,
-)
+from tests.pgoutput.golden import decode, kinds, of, one, server_clock, stream_segments, tup
 from tests.pgoutput.test_capture_fixture import FIXTURE, check_representative
 
 # -- Streaming -------------------------------------------------------------------------
@@ -118,6 +102,18 @@ def test_streamed_commit_with_subtransaction_aborts(pg_dsn: str) -> None:
     assert t0 <= commit.commit_time <= t1
 
 
+def _aborted_savepoint(w: psycopg.Connection[Any], kept: str, aborted: str) -> tuple[int, int]:
+    """In the open transaction: row 1 (``kept``), then row 2 (``aborted``) in a savepoint
+    that is rolled back; the top xid and the savepoint's."""
+    top = current_xid(w)
+    w.execute(sql.SQL("INSERT INTO t VALUES (1, {})").format(sql.Literal(kept)))
+    w.execute("SAVEPOINT a")
+    w.execute(sql.SQL("INSERT INTO t VALUES (2, {})").format(sql.Literal(aborted)))
+    sub = row_xmin(w, "t", "id = 2")
+    w.execute("ROLLBACK TO SAVEPOINT a")
+    return top, sub
+
+
 def test_stream_abort_of_a_subtransaction_never_streamed(pg_dsn: str) -> None:
     """PostgreSQL skips changes of a subtransaction that is already aborted when decoding
     needs a catalog lookup for them (here: the output function of an enum label not yet
@@ -128,12 +124,7 @@ def test_stream_abort_of_a_subtransaction_never_streamed(pg_dsn: str) -> None:
         w.execute("CREATE TABLE t (id int PRIMARY KEY, m mood)")
         cap.setup()
         with w.transaction():
-            top = current_xid(w)
-            w.execute("INSERT INTO t VALUES (1, 'happy')")
-            w.execute("SAVEPOINT a")
-            w.execute("INSERT INTO t VALUES (2, 'sad')")
-            sub = row_xmin(w, "t", "id = 2")
-            w.execute("ROLLBACK TO SAVEPOINT a")
+            top, sub = _aborted_savepoint(w, "happy", "sad")
         msgs = decode(cap.read(decoding="immediate"))
     assert kinds(msgs) == [
         *["StreamStart", "Type", "Relation", "Insert", "StreamStop"],
@@ -190,7 +181,7 @@ def test_stream_abort_without_parallel_has_no_abort_lsn(pg_dsn: str) -> None:
     """With streaming 'on' the same abort is 9 bytes shorter: no LSN, no time."""
     with (
         connect(pg_dsn) as w,
-        PgoutputCapture(pg_dsn, options=CaptureOptions(streaming="on")) as cap,
+        PgoutputCapture(pg_dsn, options=capture.CaptureOptions(streaming="on")) as cap,
     ):
         w.execute("CREATE TABLE t (id int)")
         cap.setup()
@@ -282,22 +273,10 @@ def test_stream_prepare(pg_dsn: str) -> None:
         _finish(w, "ROLLBACK", "sp")
         msgs = decode(cap.read(decoding="immediate"))
     assert kinds(msgs) == [
-        "StreamStart",
-        "Relation",
-        "Insert",
-        "StreamStop",
-        "StreamPrepare",
-        "StreamStart",
-        "Relation",
-        "Insert",
-        "StreamStop",
-        "StreamCommit",
+        *["StreamStart", "Relation", "Insert", "StreamStop", "StreamPrepare"],
+        *["StreamStart", "Relation", "Insert", "StreamStop", "StreamCommit"],
         "CommitPrepared",
-        "StreamStart",
-        "Relation",
-        "Insert",
-        "StreamStop",
-        "StreamPrepare",
+        *["StreamStart", "Relation", "Insert", "StreamStop", "StreamPrepare"],
         "RollbackPrepared",
     ]
     sp1, sp2 = of(msgs, m.StreamPrepare)
@@ -326,19 +305,16 @@ def test_stream_prepare(pg_dsn: str) -> None:
     [(1, "off", False), (2, "on", False), (3, "on", True), (4, "on", True)],
 )
 def test_older_protocols(
-    pg_dsn: str, proto_version: int, streaming: StreamingOption, two_phase: bool
+    pg_dsn: str, proto_version: int, streaming: capture.StreamingOption, two_phase: bool
 ) -> None:
-    options = CaptureOptions(proto_version=proto_version, streaming=streaming, two_phase=two_phase)
+    options = capture.CaptureOptions(
+        proto_version=proto_version, streaming=streaming, two_phase=two_phase
+    )
     with connect(pg_dsn) as w, PgoutputCapture(pg_dsn, options=options) as cap:
         w.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
         cap.setup()
         with w.transaction():
-            xid = current_xid(w)
-            w.execute("INSERT INTO t VALUES (1, 'a')")
-            w.execute("SAVEPOINT s")
-            w.execute("INSERT INTO t VALUES (2, 'b')")
-            sub = row_xmin(w, "t", "id = 2")
-            w.execute("ROLLBACK TO SAVEPOINT s")
+            xid, sub = _aborted_savepoint(w, "a", "b")
             w.execute("SELECT pg_logical_emit_message(true, 'p', 'x')")
         prepared = _prepare(w, "g", 3) if two_phase else None
         if two_phase:
@@ -366,7 +342,7 @@ def test_older_protocols(
 
 def test_representative_workload_matches_saved_fixture(pg_dsn: str) -> None:
     """The workload of tests/fixtures/pgoutput_capture.bin still produces that shape."""
-    live = representative_workload(pg_dsn)
+    live = capture.representative_workload(pg_dsn)
     live_msgs = decode(live.records, live.header["streaming"])
     check_representative(live.header, live_msgs)
     saved = read_capture(FIXTURE)

@@ -4,32 +4,17 @@ the encoder), for the decoder tests."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from sparkapply.pgoutput import messages as m
 
-
-def u8(v: int) -> bytes:
-    return struct.pack(">B", v)
-
-
-def u16(v: int) -> bytes:
-    return struct.pack(">H", v)
-
-
-def u32(v: int) -> bytes:
-    return struct.pack(">I", v)
-
-
-def i32(v: int) -> bytes:
-    return struct.pack(">i", v)
-
-
-def u64(v: int) -> bytes:
-    return struct.pack(">Q", v)
-
-
-def i64(v: int) -> bytes:
-    return struct.pack(">q", v)
+# Big-endian integers of each width, as the protocol documentation names them.
+u8: Callable[[int], bytes] = struct.Struct(">B").pack
+u16: Callable[[int], bytes] = struct.Struct(">H").pack
+u32: Callable[[int], bytes] = struct.Struct(">I").pack
+i32: Callable[[int], bytes] = struct.Struct(">i").pack
+u64: Callable[[int], bytes] = struct.Struct(">Q").pack
+i64: Callable[[int], bytes] = struct.Struct(">q").pack
 
 
 def cstr(s: str) -> bytes:

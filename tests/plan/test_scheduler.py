@@ -12,7 +12,8 @@ from sparkapply.config import ApplyConfig
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.scheduler import BatchScheduler
-from tests.changes.test_assembler import Feed, rel, row
+from tests.changes.feed import Feed
+from tests.changes.test_assembler import rel, row
 
 
 class Clock:

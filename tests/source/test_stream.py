@@ -25,11 +25,13 @@ TXNS = 400
 
 
 @contextlib.contextmanager
-def _stream_of(pg_dsn: str, *statements: str) -> Iterator[ReplicationStream]:
-    """A stream from a new slot on table ``t``, after ``statements`` ran (one
-    transaction each)."""
+def _stream_of(
+    pg_dsn: str, *statements: str, columns: str = "id int PRIMARY KEY"
+) -> Iterator[ReplicationStream]:
+    """A stream from a new slot on table ``t`` (``columns``), after ``statements`` ran
+    (one transaction each)."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute(f"CREATE TABLE t ({columns})".encode())
         conn.execute("CREATE PUBLICATION pub FOR TABLE t")
     with ReplicationConnection(pg_dsn) as rc:
         rc.execute(create_slot_command("s", two_phase=False))
@@ -74,22 +76,9 @@ def test_reads_of_a_flowing_stream_are_paced_and_lose_nothing(pg_dsn: str) -> No
     # One 20,000-row transaction: data keeps flowing, so each read that took a burst
     # (short of the limit) is followed by the next no sooner than BURST_PACE after it
     # began; the socket fills meanwhile. Every row still arrives once and in order.
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE paced (id int PRIMARY KEY, pad text)")
-        conn.execute("CREATE PUBLICATION paced_pub FOR TABLE paced")
-    with ReplicationConnection(pg_dsn) as rc:
-        rc.execute(create_slot_command("paced_slot", two_phase=False))
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO paced SELECT g, repeat('x', 100) FROM generate_series(1, 20000) g"
-            )
-        stream = ReplicationStream(rc)
-        stream.start(
-            start_replication_command(
-                "paced_slot", Lsn(0), ["paced_pub"], Protocol(4, "parallel", False)
-            ),
-            Lsn(0),
-        )
+    rows = "INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 20000) g"
+    with _stream_of(pg_dsn, rows, columns="id int PRIMARY KEY, pad text") as stream:
+        rc = stream.conn
         limit = 5_000
         reads: list[tuple[float, int]] = []  # (when a read began, the frames it took)
         real_read = rc.read_burst
