@@ -49,14 +49,7 @@ from sparkapply.plan.batch import (
     plan_batch,
     relation_versions,
 )
-from sparkapply.sink.contract import (
-    CutPoint,
-    IcebergSink,
-    Retention,
-    Sink,
-    TableChange,
-    TableState,
-)
+from sparkapply.sink import contract
 from sparkapply.sink.cuts import CutLog
 from sparkapply.sink.locks import TableLocks
 from sparkapply.sink.maintenance import doomed_snapshots
@@ -189,8 +182,8 @@ class Applier:
         self.proto_version = proto_version
         self.streaming = streaming
         # Every call to table storage goes through the sink's contract (sink/contract.py).
-        self.sink: Sink = IcebergSink(catalog, atomic=atomic, cuts=cuts)
-        self._states: dict[TableIdent, TableState] = {}
+        self.sink: contract.Sink = contract.IcebergSink(catalog, atomic=atomic, cuts=cuts)
+        self._states: dict[TableIdent, contract.TableState] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
         self._known: set[TableIdent] = set()
         self.retain_snapshots = retain_snapshots
@@ -264,7 +257,7 @@ class Applier:
         plan = plan_batch(batch, versions, self.applied)
         stats.skipped = plan.skipped
         tasks: list[TableTask] = []
-        planned: dict[str, TableState] = {}
+        planned: dict[str, contract.TableState] = {}
         shares: dict[str, _StagedShare] = {}  # tables that use staged files
         direct: list[TableResult] = []  # tables whose changes were all staged
         used: set[str] = set()
@@ -324,7 +317,9 @@ class Applier:
         stats.finished = time.monotonic()
         return stats
 
-    def _task(self, tp: TablePlan, state: TableState, txns: tuple[TxnInput, ...]) -> TableTask:
+    def _task(
+        self, tp: TablePlan, state: contract.TableState, txns: tuple[TxnInput, ...]
+    ) -> TableTask:
         table = state.table
         data_files: list[DataFileInfo] = []
         delete_files: list[DeleteFileInfo] = []
@@ -347,14 +342,17 @@ class Applier:
         )
 
     def _commit(
-        self, results: list[TableResult], planned: dict[str, TableState], last: CommittedTxn
+        self,
+        results: list[TableResult],
+        planned: dict[str, contract.TableState],
+        last: CommittedTxn,
     ) -> None:
         """Every table's snapshot of the batch, and its cut (the sink's
         ``commit_batch``: one catalog transaction when the catalog can, otherwise one
         table after another and the cut last; a failure removes the files of the
         tables not committed)."""
         changes = [
-            TableChange(
+            contract.TableChange(
                 planned[r.table],
                 Lsn(r.last_commit_lsn),
                 added=r.added,
@@ -366,7 +364,7 @@ class Applier:
         committed_at = dt.datetime.fromtimestamp(
             (last.commit_time + PG_EPOCH_OFFSET_MICROS) / 1e6, dt.UTC
         )
-        self.sink.commit_batch(changes, cut=CutPoint(Lsn(last.commit_lsn), committed_at))
+        self.sink.commit_batch(changes, cut=contract.CutPoint(Lsn(last.commit_lsn), committed_at))
         if self.cuts is not None and changes:
             # Beside, as for the mirrored tables: an expiry deletes files and took half a
             # second on the apply thread every ~50 batches. The apply holds the cuts
@@ -392,7 +390,7 @@ class Applier:
             )
             return
         with self.locks.hold({self.cuts_ident}):
-            self.sink.commit_batch([], cut=CutPoint(lsn, None, requested=True))
+            self.sink.commit_batch([], cut=contract.CutPoint(lsn, None, requested=True))
         log.info("recorded the cut at %s as asked", lsn)
 
     def _expire(self, table: Table, *, beside: bool = True) -> None:
@@ -411,13 +409,13 @@ class Applier:
         if beside and self.expire_beside is not None:
             self.expire_beside((namespace, name))
             return
-        retention = Retention(now, keep, protected, free_files=self.free_expired_files)
+        retention = contract.Retention(now, keep, protected, free_files=self.free_expired_files)
         try:
             self.sink.expire(table, retention)
         except SparkapplyError as exc:  # maintenance: try again after a later batch
             log.warning("%s", exc)
 
-    def _table(self, ident: TableIdent, rels: list[tuple[m.Relation, Lsn]]) -> TableState:
+    def _table(self, ident: TableIdent, rels: list[tuple[m.Relation, Lsn]]) -> contract.TableState:
         self._known.add(ident)
         state = self._states.get(ident)
         if state is None:
