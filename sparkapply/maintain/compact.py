@@ -27,7 +27,9 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from pyiceberg.table import Table
+from pyspark.sql import SparkSession
 
 from sparkapply.datafiles import arrow_schema_of, data_directory
 from sparkapply.errors import SparkapplyError
@@ -38,15 +40,13 @@ from sparkapply.sink.files import remove_orphans
 from sparkapply.sink.rewrite import commit_rewrite
 from sparkapply.sink.tables import table_name
 
-if TYPE_CHECKING:
-    from pyiceberg.table import Table
-    from pyspark.sql import SparkSession
-
 logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class CompactionOutcome:
+    """What one compaction of a table did (its report and the maintenance log)."""
+
     data_files_rewritten: int = 0
     data_files_added: int = 0
     delete_files_removed: int = 0
