@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkapply.apply.fold.full import fold_full
-from sparkapply.apply.fold.keyed import NeedsRowFold
+from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import TxnInput, fold_table
 from sparkapply.apply.write.effect import WriteResult, apply_delta, write_full_effect
 from sparkapply.apply.write.parquet import TableWriter

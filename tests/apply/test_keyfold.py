@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkapply.apply.fold.keyed import NeedsRowFold, fold_keyed
+from sparkapply.apply.fold.keyed import fold_keyed
+from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import TxnInput, coalesced, fold_table, uncoalesced
 from sparkapply.apply.write.effect import apply_delta, write_effect
 from sparkapply.apply.write.parquet import TableWriter

@@ -33,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.fold.keyed import FoldInput, FoldPart, NeedsRowFold, collect
+from sparkapply.apply.fold.keyed import FoldInput, FoldPart, collect
+from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import Layout, TxnInput
 from sparkapply.apply.write.columns import convert_columns, fit_table
 from sparkapply.apply.write.keys import canonical_keys

@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import Layout, TxnInput, coalesced, uncoalesced
 from sparkapply.apply.write.columns import convert_columns, fit_table
 from sparkapply.apply.write.keys import canonical_keys, comparable
@@ -57,11 +58,6 @@ from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.columnar import ChangeRun, ChunkIndex, decode_changes, stream_decoders
-
-
-class NeedsRowFold(Exception):
-    """The batch has what only the row-wise fold handles (unchanged TOAST values, or a
-    key made of other columns in another relation version)."""
 
 
 @dataclass(slots=True)
