@@ -341,23 +341,3 @@ def test_partitioned_folds_together_equal_the_model(seed: int, tmp_path: Path) -
     assert result_rows(tmp_path, pre_path, pre_deleted, added, deletes) == expected_rows(state)
     whole = fold_keyed(frozenset({7}), txns, schema=SCHEMA, key_names=("id",))
     assert owned == whole.upserts.num_rows
-
-
-def test_key_hash_is_deterministic_and_spreads() -> None:
-    from sparkapply.apply.fold.keyed import key_hash
-
-    keys = pa.array(range(10_000), pa.int64())
-    a = key_hash([keys]) % 4
-    b = key_hash([pa.array(list(range(10_000)), pa.int64())]) % 4
-    assert (a == b).all()
-    counts = np.bincount(a, minlength=4)
-    assert counts.min() > 2000, counts
-    strings = key_hash([pa.array(["", "a", "b", "ab", "ba"], pa.string())])
-    assert len(set(strings.tolist())) == 5
-    # Integer keys take the bit-mixing path: chunked or not, any width, never negative.
-    chunked = pa.chunked_array([keys.slice(0, 3_000), keys.slice(3_000)])
-    assert (key_hash([chunked]) % 4 == a).all()
-    assert (key_hash([keys.cast(pa.int32())]) % 4 == a).all()
-    assert (key_hash([pa.array([-(2**63), -1, 0, 2**63 - 1], pa.int64())]) >= 0).all()
-    # ... and with a null, the canonical path.
-    assert len(key_hash([pa.array([1, None, 2], pa.int64())])) == 3

@@ -2,8 +2,10 @@
 
 Runs on an executor, for a table without a key: every change carries whole row images
 (pgoutput marks every column as part of the identity), and equal rows are
-indistinguishable. It gives the same result as the row-wise fold in ``fold.py``
-(the tests run both on the same inputs, and both against a model).
+indistinguishable. It runs over the event kernel (``events.py``: decoding, event
+numbers, grouping, gathering rows) and says which events a change makes on images
+and what an image's events net to. It gives the same result as the row-wise fold in
+``rowwise.py`` (the tests run both on the same inputs, and both against a model).
 
 EVENTS
     Every change becomes events on a row *image* (the relation layout and the raw
@@ -21,7 +23,7 @@ NET EFFECT PER IMAGE
     over the events sorted by (image, number), no Python loop over rows.
 
     TRUNCATE empties the table at its position: only the events after the last one
-    count (``collect`` drops the others), and no pre-batch row needs deleting.
+    count (``events.collect`` drops the others), and no pre-batch row needs deleting.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from sparkapply.apply.fold.events import (
 from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import Layout, TxnInput
 from sparkapply.apply.write.columns import convert_columns
-from sparkapply.apply.write.keys import canonical_keys
 from sparkapply.pgoutput import messages as m
+from sparkapply.plan.keys import canonical_keys
 
 
 @dataclass(slots=True)

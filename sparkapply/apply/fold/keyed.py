@@ -1,8 +1,10 @@
 """The vectorised fold of a keyed table's changes: the net effect per key, in Arrow.
 
-Runs on an executor, for a table with a replica-identity key whose batch sends no
-unchanged TOAST value (those go through the row-wise fold in ``fold.py``, which gives
-the same result: the tests run both on the same inputs).
+Runs on an executor, for a table with a replica-identity key, over the event kernel
+(``events.py``: decoding, event numbers, grouping, gathering rows); this module says
+which events a change makes on keys and what a key's events net to. What it cannot
+net it leaves to the row-wise fold (``rowwise.py``), which gives the same result:
+the tests run both on the same inputs.
 
 EVENTS
     Every change becomes one or two events on a key, numbered in commit order: an
@@ -22,15 +24,9 @@ NET EFFECT
     dropped and every pre-batch row goes, so no key needs a lookup.
 
 MANY TASKS PER TABLE
-    A big table's batch is folded by several tasks, each owning the keys whose hash
-    falls in its partition. Events on different keys are independent, except where
-    an UPDATE moves a row from one key to another: the keys it links are nodes of a
-    graph whose edges are those updates (networkx), and every key of a connected
-    component goes to the partition of the component's smallest key, so a chain of
-    renames is folded by one task. Every task decodes the whole batch and computes
-    the same graph and the same partitions (it is deterministic), so no second job
-    and no shuffle is needed; each writes the rows and position deletes of its own
-    keys, and the driver commits all of them as one snapshot.
+    A task that owns one key-hash partition of a big table keeps only the events of
+    its keys, which :func:`sparkapply.plan.partition.owned` names from the keys and
+    the renames (the key-changing updates) of the batch; the essay is there.
 
 UNCHANGED TOAST
     An UPDATE may send a column as unchanged (``u``): the row keeps the value it had.
@@ -52,7 +48,6 @@ import pyarrow.compute as pc
 
 from sparkapply.apply.fold.events import (
     EventLog,
-    Events,
     FoldInput,
     FoldPart,
     Grouped,
@@ -62,9 +57,10 @@ from sparkapply.apply.fold.events import (
 from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.write.columns import convert_columns
-from sparkapply.apply.write.keys import canonical_keys, comparable
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.columnar import ChangeRun
+from sparkapply.plan.keys import comparable
+from sparkapply.plan.partition import Renames, owned
 
 
 @dataclass(slots=True)
@@ -134,12 +130,13 @@ def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
         n_updates=st.counts[m.TAG_UPDATE],
         n_deletes=st.counts[m.TAG_DELETE],
     )
-    log, moves = _key_events(st)
+    log, renames = _key_events(st)
     events = log.events()
     if events is None:
         return effect
     if partition[1] > 1:
-        events = events.select(_own_events(events, st, moves, partition))
+        keys = [events.table.column(nm).combine_chunks() for nm in events.names]
+        events = events.select(owned(keys, renames, partition))
         if events.table.num_rows == 0:
             return effect
     g = events.grouped(nulls_equal=False)
@@ -153,11 +150,12 @@ def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
     return effect
 
 
-def _key_events(st: FoldInput) -> tuple[EventLog, list[tuple[int, np.ndarray]]]:
-    """The events on keys (see EVENTS), and the key-changing updates as (run, rows)."""
+def _key_events(st: FoldInput) -> tuple[EventLog, Renames]:
+    """The events on keys (see EVENTS), and the keys the updates that move a row
+    rename (the edges of the rename graph, for the partitions)."""
     assert st.key_names is not None
     log = EventLog(len(st.key_names))
-    moves: list[tuple[int, np.ndarray]] = []
+    renames: list[tuple[list[pa.Array], list[pa.Array]]] = []
     for p_i, part in enumerate(st.parts):
         run = part.run
         new_keys = _typed_keys(part, st.schema, old=False)
@@ -165,11 +163,12 @@ def _key_events(st: FoldInput) -> tuple[EventLog, list[tuple[int, np.ndarray]]]:
             old_keys = _typed_keys(part, st.schema, old=True)
             moved = _moved(run, new_keys, old_keys)
             if moved.any():
-                moves.append((p_i, np.flatnonzero(moved)))
+                idx = pa.array(np.flatnonzero(moved))
+                renames.append(([k.take(idx) for k in old_keys], [k.take(idx) for k in new_keys]))
             removes = np.flatnonzero((run.ops == m.TAG_DELETE) | moved)
             log.add(p_i, part, removes, old_keys, put=False)
         log.add(p_i, part, np.flatnonzero(run.ops != m.TAG_DELETE), new_keys, put=True)
-    return log, moves
+    return log, renames
 
 
 def _moved(run: ChangeRun, new_keys: list[pa.Array], old_keys: list[pa.Array]) -> np.ndarray:
@@ -255,74 +254,3 @@ def _unchanged_sources(st: FoldInput, g: Grouped) -> dict[str, tuple[np.ndarray,
         )
         out[name] = (src, pa.concat_arrays(values))
     return out
-
-
-def key_hash(keys: Sequence[pa.Array]) -> np.ndarray:
-    """A deterministic hash of each row's key (same value, same hash, in any process):
-    for one integer column without nulls (the usual key), a mix of the value's bits;
-    otherwise a polynomial over the bytes of its canonical encoding."""
-    if len(keys) == 1 and pa.types.is_integer(keys[0].type) and keys[0].null_count == 0:
-        col = keys[0]
-        if isinstance(col, pa.ChunkedArray):
-            col = col.combine_chunks()
-        x = col.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64)
-        # splitmix64's finalizer: 1,000,000 keys in milliseconds, not in half a second
-        x = x ^ (x >> np.uint64(30))
-        x = x * np.uint64(0xBF58476D1CE4E5B9)
-        x = x ^ (x >> np.uint64(27))
-        x = x * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-        mixed: np.ndarray = (x >> np.uint64(1)).astype(np.int64)
-        return mixed
-    canon = canonical_keys(keys)
-    if isinstance(canon, pa.ChunkedArray):
-        canon = canon.combine_chunks()
-    canon = canon.cast(pa.large_binary())
-    n = len(canon)
-    offsets = np.frombuffer(canon.buffers()[1], np.int64, n + 1, canon.offset * 8)
-    buf = canon.buffers()[2]
-    data = np.frombuffer(buf, np.uint8) if buf is not None else np.zeros(0, np.uint8)
-    lengths = np.diff(offsets)
-    data = data[offsets[0] : offsets[-1]]
-    owner = np.repeat(np.arange(n), lengths)
-    pos = np.arange(len(data)) - np.repeat(offsets[:-1] - offsets[0], lengths)
-    weights = (data.astype(np.int64) + 1) * ((pos * 7919 + 104729) % 1000003)
-    sums = np.bincount(owner, weights=weights.astype(np.float64), minlength=n)
-    return sums.astype(np.int64) * 2654435761 % 4294967311 + lengths
-
-
-def _own_events(
-    events: Events,
-    st: FoldInput,
-    moves: list[tuple[int, np.ndarray]],
-    partition: tuple[int, int],
-) -> np.ndarray:
-    """Which events belong to this task's partition (see MANY TASKS PER TABLE)."""
-    index, count = partition
-    keys = [events.table.column(nm).combine_chunks() for nm in events.names]
-    buckets = key_hash(keys) % count
-    if moves:
-        import networkx as nx
-
-        canon = canonical_keys(keys).to_pylist()
-        graph = nx.Graph()
-        for p_i, rows in moves:
-            part = st.parts[p_i]
-            old = _typed_keys(part, st.schema, old=True)
-            new = _typed_keys(part, st.schema, old=False)
-            idx = pa.array(rows)
-            old_c = canonical_keys([k.take(idx) for k in old]).to_pylist()
-            new_c = canonical_keys([k.take(idx) for k in new]).to_pylist()
-            graph.add_edges_from(zip(old_c, new_c, strict=True))
-        home: dict[bytes, int] = {}
-        for component in nx.connected_components(graph):
-            first = min(component)
-            bucket = int(key_hash([pa.array([first], pa.binary())])[0] % count)
-            for key in component:
-                home[key] = bucket
-        for i, key in enumerate(canon):
-            moved_to = home.get(key)
-            if moved_to is not None:
-                buckets[i] = moved_to
-    mine: np.ndarray = buckets == index
-    return mine

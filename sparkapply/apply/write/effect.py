@@ -28,13 +28,13 @@ from sparkapply.apply.fold.full import FullEffect, RemovedImages, layout_columns
 from sparkapply.apply.fold.keyed import NetEffect
 from sparkapply.apply.fold.rowwise import Key, Layout, Row, TableDelta, _Unchanged
 from sparkapply.apply.write.columns import convert_column, fit_table
-from sparkapply.apply.write.keys import canonical_keys, comparable
 from sparkapply.apply.write.locate import key_matcher, key_pruner, live_rows, locate_keys
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SparkapplyError
+from sparkapply.plan.keys import canonical_keys, comparable
 
 # Rows per data file written by one task (bounded memory, files of a useful size).
 ROWS_PER_FILE = 1_000_000
