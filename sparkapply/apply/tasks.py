@@ -30,7 +30,13 @@ from sparkapply.apply.fold.full import FullEffect, fold_full
 from sparkapply.apply.fold.keyed import NetEffect, fold_keyed
 from sparkapply.apply.fold.path import FoldPath, NeedsRowFold, choose_path
 from sparkapply.apply.fold.rowwise import TableDelta, TxnInput, fold_table
-from sparkapply.apply.write.effect import WriteResult, apply_delta, write_effect, write_full_effect
+from sparkapply.apply.write.effect import (
+    Target,
+    WriteResult,
+    apply_delta,
+    write_effect,
+    write_full_effect,
+)
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import InternalError, SparkapplyError
@@ -212,21 +218,9 @@ def _write(
     effect: NetEffect | FullEffect | TableDelta, task: TableTask, writer: TableWriter
 ) -> WriteResult:
     """New row versions as data files, the rows they replace as position deletes."""
-    live, deletes = task.data_files, task.delete_files
+    target = Target(task.schema, task.data_files, task.delete_files, writer)
     if isinstance(effect, NetEffect):
-        return write_effect(
-            effect, key_names=task.key_names, data_files=live, delete_files=deletes, writer=writer
-        )
+        return write_effect(effect, task.key_names, target)
     if isinstance(effect, FullEffect):
-        return write_full_effect(
-            effect, schema=task.schema, data_files=live, delete_files=deletes, writer=writer
-        )
-    keys = task.key_names
-    return apply_delta(
-        effect,
-        schema=task.schema,
-        key_names=keys,
-        data_files=live,
-        delete_files=deletes,
-        writer=writer,
-    )
+        return write_full_effect(effect, target)
+    return apply_delta(effect, task.key_names, target)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +75,6 @@ class FoldInput:
 def collect(
     relation_ids: frozenset[int],
     txns: Sequence[TxnInput],
-    *,
     schema: pa.Schema,
     key_names: tuple[str, ...] | None,
     proto_version: int = 4,
@@ -133,6 +133,34 @@ def _run(st: FoldInput, ix: ChunkIndex, sel: np.ndarray, rid: int, layout: Layou
         st.counts[op] += int(np.count_nonzero(run.ops == op))
     st.parts.append(FoldPart(run, layout, st.seq))
     st.seq += len(sel)
+
+
+@dataclass(slots=True, kw_only=True)
+class Counts:
+    """What a vectorised fold counts of its batch, beside the net effect."""
+
+    truncated: bool = False
+    n_inserts: int = 0
+    n_updates: int = 0
+    n_deletes: int = 0
+    last_commit_lsn: int = 0
+
+    @property
+    def n_changes(self) -> int:
+        return self.n_inserts + self.n_updates + self.n_deletes
+
+
+C = TypeVar("C", bound=Counts)
+
+
+def counted(effect: C, st: FoldInput, txns: Sequence[TxnInput]) -> C:
+    """``effect`` with the counts of the batch it was folded from."""
+    effect.truncated = st.truncated
+    effect.n_inserts = st.counts[m.TAG_INSERT]
+    effect.n_updates = st.counts[m.TAG_UPDATE]
+    effect.n_deletes = st.counts[m.TAG_DELETE]
+    effect.last_commit_lsn = max(t.commit_lsn for t in txns) if txns else 0
+    return effect
 
 
 @dataclass(slots=True)

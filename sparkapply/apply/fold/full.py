@@ -35,15 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.fold.events import (
-    EventLog,
-    Events,
-    FoldInput,
-    FoldPart,
-    Grouped,
-    collect,
-    gather_rows,
-)
+from sparkapply.apply.fold import events
 from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import Layout, TxnInput
 from sparkapply.apply.write.columns import convert_columns
@@ -68,20 +60,23 @@ class RemovedImages:
             self.probe = (name, pa.concat_arrays([values, other.probe[1]]))
 
 
+# Types whose ``is_in`` equality is exactly the canonical encoding's (not floats: NaN
+# payloads and signed zeros).
+_PROBE_TYPES = (
+    pa.types.is_integer,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+    pa.types.is_decimal,
+    pa.types.is_date,
+    pa.types.is_timestamp,
+    pa.types.is_time,
+)
+
+
 def _probe_type(t: pa.DataType) -> bool:
-    """Types whose ``is_in`` equality is exactly the canonical encoding's (not floats:
-    NaN payloads and signed zeros)."""
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_date(t)
-        or pa.types.is_timestamp(t)
-        or pa.types.is_time(t)
-    )
+    return any(is_type(t) for is_type in _PROBE_TYPES)
 
 
 def removed_images(
@@ -107,21 +102,12 @@ def removed_images(
 
 
 @dataclass(slots=True)
-class FullEffect:
+class FullEffect(events.Counts):
     """What a batch does to a REPLICA IDENTITY FULL table (typed, in its schema)."""
 
     upserts: pa.Table  # the rows to write
     # Pre-batch rows to delete, per layout: how many live rows equal to each image go.
     removes: dict[Layout, RemovedImages] = field(default_factory=dict)
-    truncated: bool = False
-    n_inserts: int = 0
-    n_updates: int = 0
-    n_deletes: int = 0
-    last_commit_lsn: int = 0
-
-    @property
-    def n_changes(self) -> int:
-        return self.n_inserts + self.n_updates + self.n_deletes
 
 
 def fold_full(
@@ -135,18 +121,8 @@ def fold_full(
 ) -> FullEffect:
     """Fold the table's changes of ``txns`` (commit order). Raises
     :class:`NeedsRowFold` when only the row-wise fold can do it."""
-    st = collect(
-        relation_ids,
-        txns,
-        schema=schema,
-        key_names=None,
-        proto_version=proto_version,
-        streaming=streaming,
-        table=table,
-    )
-    effect = _net(st)
-    effect.last_commit_lsn = max(t.commit_lsn for t in txns) if txns else 0
-    return effect
+    st = events.collect(relation_ids, txns, schema, None, proto_version, streaming, table)
+    return events.counted(_net(st), st, txns)
 
 
 def layout_columns(layout: Layout, schema: pa.Schema) -> list[str]:
@@ -154,7 +130,7 @@ def layout_columns(layout: Layout, schema: pa.Schema) -> list[str]:
     return [n for n in layout.names if schema.get_field_index(n) >= 0]
 
 
-def _filled_new(part: FoldPart) -> list[pa.Array]:
+def _filled_new(part: events.FoldPart) -> list[pa.Array]:
     """The new image's raw columns, unchanged TOAST values taken from the old image."""
     run = part.run
     out = []
@@ -169,40 +145,36 @@ def _filled_new(part: FoldPart) -> list[pa.Array]:
     return out
 
 
-def _net(st: FoldInput) -> FullEffect:
-    effect = FullEffect(
-        st.schema.empty_table(),
-        truncated=st.truncated,
-        n_inserts=st.counts[m.TAG_INSERT],
-        n_updates=st.counts[m.TAG_UPDATE],
-        n_deletes=st.counts[m.TAG_DELETE],
-    )
+def _net(st: events.FoldInput) -> FullEffect:
+    effect = FullEffect(st.schema.empty_table())
     if not st.parts:
         return effect
     if len({p.layout for p in st.parts}) > 1:
         # Images of different relation versions: the row-wise fold compares them as
         # it always has (a column added mid-batch is rare on a FULL table).
         raise NeedsRowFold("the relation changed within the batch")
-    filled, events = _image_events(st)
-    if events is None:
+    filled, on_images = _image_events(st)
+    if on_images is None:
         return effect
-    g = events.grouped(nulls_equal=True)
+    g = on_images.grouped(nulls_equal=True)
     keep, from_pre = _multiset(g)
 
-    def raw(p_i: int, part: FoldPart, rows: np.ndarray, at: np.ndarray) -> dict[str, pa.Array]:
+    def raw(
+        p_i: int, part: events.FoldPart, rows: np.ndarray, at: np.ndarray
+    ) -> dict[str, pa.Array]:
         idx = pa.array(rows)
         return {name: filled[p_i][i].take(idx) for i, name in enumerate(part.layout.names)}
 
-    effect.upserts = gather_rows(st, g, keep, raw)
+    effect.upserts = events.gather_rows(st, g, keep, raw)
     if not st.truncated and from_pre.any():
         effect.removes = _removed_images(st, filled, g, from_pre)
     return effect
 
 
-def _image_events(st: FoldInput) -> tuple[list[list[pa.Array]], Events | None]:
+def _image_events(st: events.FoldInput) -> tuple[list[list[pa.Array]], events.Events | None]:
     """Each run's new images (unchanged TOAST values filled), and the events on
     images (see EVENTS); one relation layout, so images compare column by column."""
-    log = EventLog(len(st.parts[0].layout.names))
+    log = events.EventLog(len(st.parts[0].layout.names))
     filled: list[list[pa.Array]] = []
     for p_i, part in enumerate(st.parts):
         run = part.run
@@ -215,7 +187,7 @@ def _image_events(st: FoldInput) -> tuple[list[list[pa.Array]], Events | None]:
     return filled, log.events()
 
 
-def _multiset(g: Grouped) -> tuple[np.ndarray, np.ndarray]:
+def _multiset(g: events.Grouped) -> tuple[np.ndarray, np.ndarray]:
     """Per sorted event, whether it is a row to write; per image, how many pre-batch
     rows it deletes (see NET EFFECT PER IMAGE)."""
     total = len(g.put)
@@ -241,7 +213,7 @@ def _multiset(g: Grouped) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _removed_images(
-    st: FoldInput, filled: list[list[pa.Array]], g: Grouped, from_pre: np.ndarray
+    st: events.FoldInput, filled: list[list[pa.Array]], g: events.Grouped, from_pre: np.ndarray
 ) -> dict[Layout, RemovedImages]:
     """The images of the pre-batch rows to delete, with their counts."""
     groups = np.flatnonzero(from_pre)

@@ -46,14 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.fold.events import (
-    EventLog,
-    FoldInput,
-    FoldPart,
-    Grouped,
-    collect,
-    gather_rows,
-)
+from sparkapply.apply.fold import events
 from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.write.columns import convert_columns
@@ -64,23 +57,14 @@ from sparkapply.plan.partition import Renames, owned
 
 
 @dataclass(slots=True)
-class NetEffect:
+class NetEffect(events.Counts):
     """What a batch does to a keyed table (typed, in the table's schema)."""
 
     upserts: pa.Table  # the rows to write: final versions
     remove_keys: list[pa.Array]  # key columns of pre-batch rows to delete, if live
-    truncated: bool = False
     # Unchanged TOAST values to take from the live pre-batch row: column → mask over
     # ``upserts`` (the rows' keys are among ``remove_keys``).
     fills: dict[str, np.ndarray] = field(default_factory=dict)
-    n_inserts: int = 0
-    n_updates: int = 0
-    n_deletes: int = 0
-    last_commit_lsn: int = 0
-
-    @property
-    def n_changes(self) -> int:
-        return self.n_inserts + self.n_updates + self.n_deletes
 
 
 def fold_keyed(
@@ -98,21 +82,11 @@ def fold_keyed(
     :class:`NeedsRowFold` when only the row-wise fold can do it."""
     if any(pa.types.is_nested(schema.field(k).type) for k in key_names):
         raise NeedsRowFold("a key column is an array")
-    st = collect(
-        relation_ids,
-        txns,
-        schema=schema,
-        key_names=key_names,
-        proto_version=proto_version,
-        streaming=streaming,
-        table=table,
-    )
-    effect = _net(st, partition)
-    effect.last_commit_lsn = max(t.commit_lsn for t in txns) if txns else 0
-    return effect
+    st = events.collect(relation_ids, txns, schema, key_names, proto_version, streaming, table)
+    return events.counted(_net(st, partition), st, txns)
 
 
-def _typed_keys(part: FoldPart, schema: pa.Schema, old: bool) -> list[pa.Array]:
+def _typed_keys(part: events.FoldPart, schema: pa.Schema, old: bool) -> list[pa.Array]:
     tuples = part.run.old if old else part.run.new
     layout = part.layout
     cols = convert_columns(
@@ -121,40 +95,33 @@ def _typed_keys(part: FoldPart, schema: pa.Schema, old: bool) -> list[pa.Array]:
     return [comparable(cols[layout.names[i]]) for i in layout.key_idx]
 
 
-def _net(st: FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
-    effect = NetEffect(
-        st.schema.empty_table(),
-        [],
-        truncated=st.truncated,
-        n_inserts=st.counts[m.TAG_INSERT],
-        n_updates=st.counts[m.TAG_UPDATE],
-        n_deletes=st.counts[m.TAG_DELETE],
-    )
+def _net(st: events.FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
+    effect = NetEffect(st.schema.empty_table(), [])
     log, renames = _key_events(st)
-    events = log.events()
-    if events is None:
+    on_keys = log.events()
+    if on_keys is None:
         return effect
     if partition[1] > 1:
-        keys = [events.table.column(nm).combine_chunks() for nm in events.names]
-        events = events.select(owned(keys, renames, partition))
-        if events.table.num_rows == 0:
+        keys = [on_keys.table.column(nm).combine_chunks() for nm in on_keys.names]
+        on_keys = on_keys.select(owned(keys, renames, partition))
+        if on_keys.table.num_rows == 0:
             return effect
-    g = events.grouped(nulls_equal=False)
+    g = on_keys.grouped(nulls_equal=False)
     effect.upserts, effect.fills = _upserts(st, g)
     # Keys that may name a live pre-batch row: first event not an INSERT's put.
     if not st.truncated:
         lookup = g.first & ~(g.put & (g.op == m.TAG_INSERT))
         if lookup.any():
             take = g.order.filter(pa.array(lookup))
-            effect.remove_keys = [events.table.column(nm).take(take) for nm in events.names]
+            effect.remove_keys = [on_keys.table.column(nm).take(take) for nm in on_keys.names]
     return effect
 
 
-def _key_events(st: FoldInput) -> tuple[EventLog, Renames]:
+def _key_events(st: events.FoldInput) -> tuple[events.EventLog, Renames]:
     """The events on keys (see EVENTS), and the keys the updates that move a row
     rename (the edges of the rename graph, for the partitions)."""
     assert st.key_names is not None
-    log = EventLog(len(st.key_names))
+    log = events.EventLog(len(st.key_names))
     renames: list[tuple[list[pa.Array], list[pa.Array]]] = []
     for p_i, part in enumerate(st.parts):
         run = part.run
@@ -185,14 +152,16 @@ def _moved(run: ChangeRun, new_keys: list[pa.Array], old_keys: list[pa.Array]) -
     return moved
 
 
-def _upserts(st: FoldInput, g: Grouped) -> tuple[pa.Table, dict[str, np.ndarray]]:
+def _upserts(st: events.FoldInput, g: events.Grouped) -> tuple[pa.Table, dict[str, np.ndarray]]:
     """Rows to write: the last event of a key, when it is a put; with the masks of
     the unchanged TOAST values to take from the pre-batch row (``NetEffect.fills``)."""
     sources = _unchanged_sources(st, g)
     offsets = np.cumsum([0, *(len(p.run.ops) for p in st.parts)])
     fills: dict[str, list[np.ndarray]] = {}
 
-    def raw(p_i: int, part: FoldPart, rows: np.ndarray, at: np.ndarray) -> dict[str, pa.Array]:
+    def raw(
+        p_i: int, part: events.FoldPart, rows: np.ndarray, at: np.ndarray
+    ) -> dict[str, pa.Array]:
         idx = pa.array(rows)
         out = {name: part.run.new.values[i].take(idx) for i, name in enumerate(part.layout.names)}
         for name, (src, combined) in sources.items():
@@ -205,7 +174,7 @@ def _upserts(st: FoldInput, g: Grouped) -> tuple[pa.Table, dict[str, np.ndarray]
             fills.setdefault(name, []).append(picked == -1)
         return out
 
-    upserts = gather_rows(st, g, g.last & g.put, raw)
+    upserts = events.gather_rows(st, g, g.last & g.put, raw)
     masks = {name: mask for name, parts in fills.items() if (mask := np.concatenate(parts)).any()}
     return upserts, masks
 
@@ -217,7 +186,9 @@ def _unchanged_rows(run: ChangeRun) -> np.ndarray:
     return out
 
 
-def _unchanged_sources(st: FoldInput, g: Grouped) -> dict[str, tuple[np.ndarray, pa.Array]]:
+def _unchanged_sources(
+    st: events.FoldInput, g: events.Grouped
+) -> dict[str, tuple[np.ndarray, pa.Array]]:
     """For every column some put sends as unchanged: per sorted event, the global row
     (over all parts) of the nearest earlier put of the same key that sent a value,
     ``-1`` if there is none (take it from the pre-batch row), ``-2`` if the event's
@@ -231,8 +202,8 @@ def _unchanged_sources(st: FoldInput, g: Grouped) -> dict[str, tuple[np.ndarray,
         return {}
     offsets = np.cumsum([0, *(len(p.run.ops) for p in st.parts)])
     glob = offsets[g.part] + g.row
-    events = np.arange(len(glob))
-    group_start = np.maximum.accumulate(np.where(g.first, events, 0))
+    ix = np.arange(len(glob))
+    group_start = np.maximum.accumulate(np.where(g.first, ix, 0))
     out: dict[str, tuple[np.ndarray, pa.Array]] = {}
     for name in names:
         kinds = np.full(int(offsets[-1]), m.KIND_NULL, np.uint8)
@@ -247,7 +218,7 @@ def _unchanged_sources(st: FoldInput, g: Grouped) -> dict[str, tuple[np.ndarray,
                 values.append(pa.nulls(n, pa.large_binary()))
         unchanged = g.put & (kinds[glob] == m.KIND_UNCHANGED)
         has_value = g.put & ~unchanged
-        nearest = np.maximum.accumulate(np.where(has_value, events, -1))
+        nearest = np.maximum.accumulate(np.where(has_value, ix, -1))
         in_group = nearest >= group_start
         src = np.where(unchanged, np.where(in_group, glob[np.maximum(nearest, 0)], -1), -2).astype(
             np.int64
