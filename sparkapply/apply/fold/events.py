@@ -20,13 +20,15 @@ EVENT NUMBERS
 
 GROUPS
     Sorted by (identity columns, number), the events of one identity stand together,
-    in commit order; ``first`` and ``last`` mark where each group starts and ends. A
-    key never equals a NULL (a key column has none); an image's NULL equals NULL, and
-    no text.
+    in commit order; ``first`` and ``last`` mark where each group starts and ends. In
+    a key, NULL equals nothing, not even NULL (a key column has none); in an image,
+    NULL equals NULL and no text.
 
 ROWS TO WRITE
-    The events a fold keeps become rows: gathered back per run, in the run's order,
-    and converted to the table's schema once per run.
+    The events a fold keeps (puts, at most one per change) become rows: found by
+    change number without a sort, gathered back per run in the run's order, and
+    converted to the table's schema once per run. With them go the batch's counts
+    (:class:`Counts`: changes by operation, TRUNCATE, last commit LSN).
 """
 
 from __future__ import annotations
