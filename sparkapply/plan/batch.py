@@ -69,7 +69,7 @@ def identity_epochs(batch: Sequence[CommittedTxn]) -> list[Sequence[CommittedTxn
     applies each change by the identity of the relation version it came with).
 
     A transaction that changes the identity while it writes to the table (DDL
-    between its changes) is the fold's to detect (see ``apply/fold.py``)."""
+    between its changes) is the fold's to detect (see ``apply/fold/rowwise.py``)."""
     parts: list[Sequence[CommittedTxn]] = []
     start = 0
     # The relation each id had last in this part: transactions share cache entries,
