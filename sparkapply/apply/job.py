@@ -1,7 +1,7 @@
 """Run a batch's table tasks as one Spark job, from the driver.
 
 A table whose batch is big is folded by several tasks, one per key-hash partition
-(see ``fold/keyed.py``, MANY TASKS PER TABLE); their files are merged back into one
+(see ``plan/partition.py``, MANY TASKS PER TABLE); their files are merged back into one
 result per table, which the driver commits as one snapshot (``run/batch.py``).
 
 SMALL BATCHES

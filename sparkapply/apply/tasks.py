@@ -3,21 +3,21 @@
 The task description and the result are small and picklable; errors come back as
 values (our errors pickle with their context) instead of Java stack traces.
 
-Four paths, chosen per table and batch:
-- insert-only (the driver saw no UPDATE, DELETE or TRUNCATE): column-wise append;
-- keyed: the vectorised fold (``keyfold.py``), then position deletes for the rows it
-  replaces (``effect.py``);
+Four paths, chosen per table and batch by :func:`~sparkapply.apply.fold.path.choose_path`:
+- insert-only (the driver saw no UPDATE, DELETE or TRUNCATE): column-wise append
+  (``fold/append.py``);
+- keyed: the vectorised fold (``fold/keyed.py``), then position deletes for the rows
+  it replaces (``write/effect.py``);
 - full: the vectorised multiset fold of a REPLICA IDENTITY FULL table
-  (``fullfold.py``), then position deletes for the live rows equal to removed images;
-- the row-wise fold (``fold.py``) for what the vectorised folds leave to it (a key
-  change with unchanged TOAST values, key columns that change mid-batch, a table
+  (``fold/full.py``), then position deletes for the live rows equal to removed images;
+- the row-wise fold (``fold/rowwise.py``) for what the vectorised folds leave to it (a
+  key change with unchanged TOAST values, key columns that change mid-batch, a table
   without identity that was truncated, identities mixed in one transaction), with
   the same merge-on-read output.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,9 +27,16 @@ import pyarrow as pa
 from sparkapply import collector
 from sparkapply.apply.fold.append import append_inserts
 from sparkapply.apply.fold.full import FullEffect, fold_full
-from sparkapply.apply.fold.keyed import NeedsRowFold, NetEffect, fold_keyed
+from sparkapply.apply.fold.keyed import NetEffect, fold_keyed
+from sparkapply.apply.fold.path import FoldPath, NeedsRowFold, choose_path
 from sparkapply.apply.fold.rowwise import TableDelta, TxnInput, fold_table
-from sparkapply.apply.write.effect import WriteResult, apply_delta, write_effect, write_full_effect
+from sparkapply.apply.write.effect import (
+    Target,
+    WriteResult,
+    apply_delta,
+    write_effect,
+    write_full_effect,
+)
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import InternalError, SparkapplyError
@@ -127,30 +134,6 @@ def _run(task: TableTask, result: TableResult) -> None:
         result.timings["write"] = writer.seconds
 
 
-class FoldPath(enum.Enum):
-    """How a task turns its transactions into files, decided in one place
-    (:func:`choose_path`), as PostgreSQL's ``get_transaction_apply_action`` decides
-    how a transaction is applied."""
-
-    INSERT_ONLY = "insert-only"  # only inserts: decode straight into data files
-    KEYED = "keyed"  # net effect per key, vectorised (apply/keyfold.py)
-    FULL = "full"  # REPLICA IDENTITY FULL: net effect per row image (apply/fullfold.py)
-    ROW_WISE = "row-wise"  # change by change (apply/fold.py): what the others cannot net
-
-
-def choose_path(task: TableTask) -> FoldPath:
-    """The path a task takes first. A keyed or full fold that meets what it cannot
-    net (a key that moves and comes back, an identity that changes mid-transaction:
-    the fold raises :class:`NeedsRowFold` saying why) leaves it to the row-wise fold."""
-    if task.insert_only:
-        return FoldPath.INSERT_ONLY
-    if task.identity == "key":
-        return FoldPath.KEYED
-    if task.identity == "full":
-        return FoldPath.FULL
-    return FoldPath.ROW_WISE
-
-
 def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -> None:
     """The task's phases, timed: the fold ("decode" for the insert-only path, which
     writes as it decodes), then writing its effect; what is not the writer's own
@@ -235,21 +218,9 @@ def _write(
     effect: NetEffect | FullEffect | TableDelta, task: TableTask, writer: TableWriter
 ) -> WriteResult:
     """New row versions as data files, the rows they replace as position deletes."""
-    live, deletes = task.data_files, task.delete_files
+    target = Target(task.schema, task.data_files, task.delete_files, writer)
     if isinstance(effect, NetEffect):
-        return write_effect(
-            effect, key_names=task.key_names, data_files=live, delete_files=deletes, writer=writer
-        )
+        return write_effect(effect, task.key_names, target)
     if isinstance(effect, FullEffect):
-        return write_full_effect(
-            effect, schema=task.schema, data_files=live, delete_files=deletes, writer=writer
-        )
-    keys = task.key_names
-    return apply_delta(
-        effect,
-        schema=task.schema,
-        key_names=keys,
-        data_files=live,
-        delete_files=deletes,
-        writer=writer,
-    )
+        return write_full_effect(effect, target)
+    return apply_delta(effect, task.key_names, target)

@@ -9,7 +9,7 @@ column's value bytes are gathered into one Arrow binary array (PostgreSQL text) 
 its record's bounds before bytes are gathered, so a malformed record raises
 :class:`ProtocolError`, never an IndexError. The records come from the spool
 (``changes/spool.py``'s ``RecordChunk``, seen here as :class:`Records`); the apply's
-executors use this module (``apply/inserts.py``, ``apply/keyfold.py``).
+executors use this module (``apply/fold/append.py``, ``apply/fold/events.py``).
 
 Record layouts (after the tag, the xid inside a stream block, and the relation id):
 ``I``: ``'N'`` tuple; ``U``: [``'K'``|``'O'`` tuple] ``'N'`` tuple; ``D``: ``'K'``|``'O'``

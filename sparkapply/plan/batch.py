@@ -6,7 +6,7 @@ per Iceberg table, without I/O:
 - which relation versions the table passes through, in apply order (each one is an
   evolution of the table's schema, at the commit LSN of the transaction that brought
   it);
-- which of the batch's transactions touch it (its lane, see :mod:`.graph`), less
+- which of the batch's transactions touch it (its lane, see :mod:`.lanes`), less
   those at or below the LSN the table already holds (a replay after a restart);
 - whether those transactions only insert into it (then the task need not locate
   rows, and pieces staged while the transactions arrived can be used as they are);
@@ -29,7 +29,7 @@ from typing import Literal
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
-from sparkapply.plan.graph import lanes
+from sparkapply.plan.lanes import lanes
 
 TableIdent = tuple[str, str]
 IdentityOf = tuple[bool, tuple[str, ...]]  # (REPLICA IDENTITY FULL, key column names)
@@ -69,7 +69,7 @@ def identity_epochs(batch: Sequence[CommittedTxn]) -> list[Sequence[CommittedTxn
     applies each change by the identity of the relation version it came with).
 
     A transaction that changes the identity while it writes to the table (DDL
-    between its changes) is the fold's to detect (see ``apply/fold.py``)."""
+    between its changes) is the fold's to detect (see ``apply/fold/rowwise.py``)."""
     parts: list[Sequence[CommittedTxn]] = []
     start = 0
     # The relation each id had last in this part: transactions share cache entries,

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkapply.apply.fold.full import fold_full
-from sparkapply.apply.fold.keyed import NeedsRowFold
+from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import TxnInput, fold_table
-from sparkapply.apply.write.effect import WriteResult, apply_delta, write_full_effect
+from sparkapply.apply.write.effect import Target, WriteResult, apply_delta, write_full_effect
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolWriter
 from sparkapply.datafiles import DataFileInfo
@@ -115,20 +115,11 @@ def test_both_full_identity_folds_equal_the_multiset_model(seed: int, tmp_path: 
 
     delta = fold_table(frozenset({7}), False, txns)
     slow = apply_delta(
-        delta,
-        schema=SCHEMA,
-        key_names=(),
-        data_files=files,
-        delete_files=(),
-        writer=TableWriter(str(tmp_path / "slow"), SCHEMA),
+        delta, (), Target(SCHEMA, files, (), TableWriter(str(tmp_path / "slow"), SCHEMA))
     )
     effect = fold_full(frozenset({7}), txns, schema=SCHEMA)
     fast = write_full_effect(
-        effect,
-        schema=SCHEMA,
-        data_files=files,
-        delete_files=(),
-        writer=TableWriter(str(tmp_path / "fast"), SCHEMA),
+        effect, Target(SCHEMA, files, (), TableWriter(str(tmp_path / "fast"), SCHEMA))
     )
     assert table_after(pre_path, pre, slow, delta.truncated) == want
     assert table_after(pre_path, pre, fast, effect.truncated) == want

@@ -15,7 +15,7 @@ from sparkapply.errors import ApplyError
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.batch import identity_epochs
-from tests.plan.test_graph import txn
+from tests.plan.test_lanes import txn
 
 
 def relation(identity: str, key: tuple[str, ...]) -> m.Relation:

@@ -10,13 +10,14 @@ import pytest
 
 from sparkapply.apply.fold.append import append_inserts
 from sparkapply.apply.fold.rowwise import TxnInput, coalesced, fold_table
-from sparkapply.apply.tasks import TableTask, run_table_task
-from sparkapply.apply.write.effect import apply_delta
+from sparkapply.apply.tasks import run_table_task
+from sparkapply.apply.write.effect import Target, apply_delta
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolWriter
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
+from tests.apply.test_paths import task as table_task
 
 COLS = (
     m.RelationColumn(1, "id", 20, -1),
@@ -64,12 +65,7 @@ def test_column_wise_equals_row_wise(tmp_path: Path) -> None:
     )
     delta = fold_table(frozenset({7}), True, [txn])
     slow = apply_delta(
-        delta,
-        schema=SCHEMA,
-        key_names=("id",),
-        data_files=(),
-        delete_files=(),
-        writer=TableWriter(str(tmp_path / "b"), SCHEMA),
+        delta, ("id",), Target(SCHEMA, (), (), TableWriter(str(tmp_path / "b"), SCHEMA))
     )
 
     def read(paths: list[str]) -> pa.Table:
@@ -98,18 +94,8 @@ def test_a_cut_record_is_a_protocol_error(tmp_path: Path) -> None:
 
 
 def test_the_task_times_its_phases(tmp_path: Path) -> None:
-    task = TableTask(
-        table="public.t",
-        relation_ids=frozenset({7}),
-        key_names=("id",),
-        txns=(spool(tmp_path),),
-        schema=SCHEMA,
-        data_files=(),
-        delete_files=(),
-        data_dir=str(tmp_path / "d"),
-        proto_version=4,
-        streaming="parallel",
-        insert_only=True,
+    task = table_task(
+        tmp_path, key_names=("id",), txns=(spool(tmp_path),), schema=SCHEMA, insert_only=True
     )
     result = run_table_task(task)
     assert result.error is None and result.path == "insert-only"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkapply.apply.fold.keyed import NeedsRowFold, fold_keyed
+from sparkapply.apply.fold.keyed import fold_keyed
+from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import TxnInput, coalesced, fold_table, uncoalesced
-from sparkapply.apply.write.effect import apply_delta, write_effect
+from sparkapply.apply.write.effect import Target, apply_delta, write_effect
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolWriter
-from sparkapply.datafiles import DataFileInfo
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
 
@@ -155,6 +157,13 @@ def result_rows(
     return out
 
 
+def target(
+    directory: Path, data_files: Sequence[DataFileInfo], deletes: Sequence[DeleteFileInfo] = ()
+) -> Target:
+    """Where a fold's effect on the table of ``SCHEMA`` is written."""
+    return Target(SCHEMA, data_files, deletes, TableWriter(str(directory), SCHEMA))
+
+
 def expected_rows(state: dict[int, Row]) -> dict[int, Row]:
     return {
         k: {"id": k, "name": v.get("name"), "qty": v.get("qty"), "extra": v.get("extra")}
@@ -174,8 +183,6 @@ def test_vectorised_and_row_wise_folds_agree_with_the_model(seed: int, tmp_path:
     if seed % 2 == 0:  # as the driver ships them: coalesced, pickled
         txns = pickle.loads(pickle.dumps(tuple(coalesced(txns))))
     pre_path, pre_deleted = prebatch_file(tmp_path, prebatch)
-    from sparkapply.datafiles import DeleteFileInfo
-
     # The pre-batch file's stale rows are deleted by an existing delete file.
     setup = TableWriter(str(tmp_path / "setup"), SCHEMA)
     old_deletes = setup.write_deletes({pre_path: pre_deleted})
@@ -184,22 +191,9 @@ def test_vectorised_and_row_wise_folds_agree_with_the_model(seed: int, tmp_path:
     files = (DataFileInfo(pre_path, 2 * len(prebatch), 0, min(prebatch), max(prebatch)),)
 
     effect = fold_keyed(frozenset({7}), txns, schema=SCHEMA, key_names=("id",))
-    fast = write_effect(
-        effect,
-        key_names=("id",),
-        data_files=files,
-        delete_files=delete_files,
-        writer=TableWriter(str(tmp_path / "fast"), SCHEMA),
-    )
+    fast = write_effect(effect, ("id",), target(tmp_path / "fast", files, delete_files))
     delta = fold_table(frozenset({7}), True, txns)
-    slow = apply_delta(
-        delta,
-        schema=SCHEMA,
-        key_names=("id",),
-        data_files=files,
-        delete_files=delete_files,
-        writer=TableWriter(str(tmp_path / "slow"), SCHEMA),
-    )
+    slow = apply_delta(delta, ("id",), target(tmp_path / "slow", files, delete_files))
     assert effect.truncated == delta.truncated == truncated
     assert effect.n_changes == delta.n_changes
     want = expected_rows(state)
@@ -233,13 +227,7 @@ def test_pruned_files_are_not_read(tmp_path: Path) -> None:
     txn = TxnInput(0, 10, 100, (w.segment(0),), (V1,))
     effect = fold_keyed(frozenset({7}), [txn], schema=SCHEMA, key_names=("id",))
     missing = DataFileInfo(str(tmp_path / "nope.parquet"), 10, 0, 100, 200)
-    out = write_effect(
-        effect,
-        key_names=("id",),
-        data_files=(missing,),
-        delete_files=(),
-        writer=TableWriter(str(tmp_path / "o"), SCHEMA),
-    )
+    out = write_effect(effect, ("id",), target(tmp_path / "o", (missing,)))
     assert out.deletes == [] and out.added == []
 
 
@@ -328,35 +316,9 @@ def test_partitioned_folds_together_equal_the_model(seed: int, tmp_path: Path) -
             frozenset({7}), txns, schema=SCHEMA, key_names=("id",), partition=(i, 3)
         )
         owned += effect.upserts.num_rows
-        out = write_effect(
-            effect,
-            key_names=("id",),
-            data_files=files,
-            delete_files=(old_deletes,),
-            writer=TableWriter(str(tmp_path / f"p{i}"), SCHEMA),
-        )
+        out = write_effect(effect, ("id",), target(tmp_path / f"p{i}", files, (old_deletes,)))
         added += out.added
         deletes += [d.path for d in out.deletes]
     assert result_rows(tmp_path, pre_path, pre_deleted, added, deletes) == expected_rows(state)
     whole = fold_keyed(frozenset({7}), txns, schema=SCHEMA, key_names=("id",))
     assert owned == whole.upserts.num_rows
-
-
-def test_key_hash_is_deterministic_and_spreads() -> None:
-    from sparkapply.apply.fold.keyed import key_hash
-
-    keys = pa.array(range(10_000), pa.int64())
-    a = key_hash([keys]) % 4
-    b = key_hash([pa.array(list(range(10_000)), pa.int64())]) % 4
-    assert (a == b).all()
-    counts = np.bincount(a, minlength=4)
-    assert counts.min() > 2000, counts
-    strings = key_hash([pa.array(["", "a", "b", "ab", "ba"], pa.string())])
-    assert len(set(strings.tolist())) == 5
-    # Integer keys take the bit-mixing path: chunked or not, any width, never negative.
-    chunked = pa.chunked_array([keys.slice(0, 3_000), keys.slice(3_000)])
-    assert (key_hash([chunked]) % 4 == a).all()
-    assert (key_hash([keys.cast(pa.int32())]) % 4 == a).all()
-    assert (key_hash([pa.array([-(2**63), -1, 0, 2**63 - 1], pa.int64())]) >= 0).all()
-    # ... and with a null, the canonical path.
-    assert len(key_hash([pa.array([1, None, 2], pa.int64())])) == 3

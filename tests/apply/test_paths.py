@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkapply.apply.tasks import FoldPath, TableResult, TableTask, choose_path, run_table_task
+from sparkapply.apply.fold.path import FoldPath, choose_path
+from sparkapply.apply.tasks import TableResult, TableTask, run_table_task
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.batch import Identity
 from tests.apply.test_fold_identity import spool

@@ -11,7 +11,7 @@ from sparkapply.changes.skip import SkipStore
 from sparkapply.config import ApplyConfig
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
-from sparkapply.plan.scheduler import BatchScheduler
+from sparkapply.plan.scheduler import Batch, BatchScheduler
 from tests.changes.feed import Feed
 from tests.changes.test_assembler import rel, row
 
@@ -58,18 +58,31 @@ def make(
     return f, sched, clock
 
 
+def cut_after(sched: BatchScheduler, clock: Clock, seconds: float = 0.0) -> Batch | None:
+    """``seconds`` later, frames came in: the batch the scheduler cuts, if any."""
+    clock.now += seconds
+    sched.received(True)
+    return sched.cut()
+
+
+def cut_now(sched: BatchScheduler, *, frames: bool = True) -> Batch:
+    """The batch the scheduler cuts now (there must be one)."""
+    sched.received(frames)
+    batch = sched.cut()
+    assert batch is not None
+    return batch
+
+
+def xids(batch: Batch | None) -> list[int] | None:
+    return None if batch is None else [t.xid for t in batch.txns]
+
+
 def test_a_batch_waits_for_linger_while_frames_keep_coming(tmp_path: Path) -> None:
     f, sched, clock = make(tmp_path, linger=1.0)
     txn(f, 1, 2000, 1, first=True)
-    sched.received(True)
-    assert sched.cut() is None
-    clock.now += 0.5
-    sched.received(True)
-    assert sched.cut() is None
-    clock.now += 0.6
-    sched.received(True)
-    batch = sched.cut()
-    assert batch is not None and [t.xid for t in batch.txns] == [1]
+    assert cut_after(sched, clock) is None
+    assert cut_after(sched, clock, 0.5) is None
+    assert xids(cut_after(sched, clock, 0.6)) == [1]
 
 
 def test_a_pause_in_the_stream_cuts_at_once(tmp_path: Path) -> None:
@@ -85,22 +98,19 @@ def test_a_full_batch_cuts_and_one_batch_runs_at_a_time(tmp_path: Path) -> None:
     txn(f, 1, 2000, 1, first=True)
     txn(f, 2, 3000, 2)
     txn(f, 3, 4000, 3)
-    sched.received(True)
-    batch = sched.cut()
-    assert batch is not None and [t.xid for t in batch.txns] == [1, 2]
+    batch = cut_now(sched)
+    assert xids(batch) == [1, 2]
     sched.received(False)
     assert sched.cut() is None  # the first is still running
     sched.complete(batch)
     nxt = sched.cut()
-    assert nxt is not None and [t.xid for t in nxt.txns] == [3]
+    assert nxt is not None and xids(nxt) == [3]
 
 
 def test_durable_before_acknowledged(tmp_path: Path) -> None:
     f, sched, _ = make(tmp_path)
     txn(f, 1, 2000, 1, first=True)
-    sched.received(False)
-    batch = sched.cut()
-    assert batch is not None
+    batch = cut_now(sched, frames=False)
     assert f.progress.flushed == 0  # cut is not durable
     assert not sched.idle()
     other = make(tmp_path / "other")[1]
@@ -129,9 +139,7 @@ def test_not_idle_while_a_transaction_is_half_received(tmp_path: Path) -> None:
 def test_stop_cuts_nothing_more_and_exits_after_the_running_batch(tmp_path: Path) -> None:
     f, sched, _ = make(tmp_path)
     txn(f, 1, 2000, 1, first=True)
-    sched.received(False)
-    batch = sched.cut()
-    assert batch is not None
+    batch = cut_now(sched, frames=False)
     txn(f, 2, 3000, 2)
     sched.stop()
     assert not sched.may_exit()
@@ -148,9 +156,8 @@ def test_skip_drops_exactly_the_named_transaction(tmp_path: Path) -> None:
     txn(f, 1, 2000, 1, first=True)
     txn(f, 2, 3000, 2)
     txn(f, 3, 4000, 3)
-    sched.received(False)
-    batch = sched.cut()
-    assert batch is not None and [t.xid for t in batch.txns] == [1, 3]
+    batch = cut_now(sched, frames=False)
+    assert xids(batch) == [1, 3]
     assert sched.skipped_through == 3010
     assert f.progress.flushed == 0  # transaction 1 is not durable yet
     sched.complete(batch)
@@ -165,9 +172,8 @@ def test_skip_of_a_prepared_transaction_by_its_prepare_lsn(tmp_path: Path) -> No
     f(m.BeginPrepare(2000, 2010, 0, 7, "g"), rel(None), row(5), m.Prepare(0, 2000, 2010, 0, 7, "g"))
     SkipStore(tmp_path).request(Lsn(2000))
     txn(f, 8, 2500, 6)
-    sched.received(False)
-    batch = sched.cut()
-    assert batch is not None and [t.xid for t in batch.txns] == [8]
+    batch = cut_now(sched, frames=False)
+    assert xids(batch) == [8]
     sched.complete(batch)
     assert SkipStore(tmp_path).get() is not None  # its COMMIT PREPARED is still to come
     f(m.CommitPrepared(0, 3000, 3010, 0, 7, "g"))
@@ -204,29 +210,21 @@ def test_what_gathered_while_a_batch_ran_is_cut_when_it_completes(tmp_path: Path
     a linger after the running one is durable."""
     f, sched, clock = make(tmp_path, linger=60.0)
     txn(f, 1, 2000, 1, first=True)
-    sched.received(False)
-    first = sched.cut()
-    assert first is not None
+    first = cut_now(sched, frames=False)
     clock.now += 0.1
     txn(f, 2, 3000, 2)
-    sched.received(True)
-    assert sched.cut() is None  # one batch at a time
+    assert cut_after(sched, clock) is None  # one batch at a time
     clock.now += 0.2
     sched.complete(first)
-    sched.received(True)
-    nxt = sched.cut()
-    assert nxt is not None and [t.xid for t in nxt.txns] == [2]
+    nxt = cut_after(sched, clock)
+    assert nxt is not None and xids(nxt) == [2]
     sched.complete(nxt)
     # Ready after the last completion, with nothing running: it waits for the linger
     # (or a pause, or a full batch) to gather more.
     clock.now += 0.1
     txn(f, 3, 4000, 3)
-    sched.received(True)
-    assert sched.cut() is None
-    clock.now += 61.0
-    sched.received(True)
-    last = sched.cut()
-    assert last is not None and [t.xid for t in last.txns] == [3]
+    assert cut_after(sched, clock) is None
+    assert xids(cut_after(sched, clock, 61.0)) == [3]
 
 
 def test_a_batch_ends_at_a_requested_cut_and_an_empty_batch_records_it(tmp_path: Path) -> None:
@@ -236,9 +234,8 @@ def test_a_batch_ends_at_a_requested_cut_and_an_empty_batch_records_it(tmp_path:
     txn(f, 2, 3000, 2)
     txn(f, 3, 4000, 3)
     requests.add(Lsn(3500))
-    sched.received(True)
-    batch = sched.cut()
-    assert batch is not None and [t.xid for t in batch.txns] == [1, 2]
+    batch = cut_now(sched)
+    assert xids(batch) == [1, 2]
     assert batch.requested is None
     sched.complete(batch)
     record = sched.cut()  # the next waiting is above the request: the cut is exact
@@ -246,7 +243,7 @@ def test_a_batch_ends_at_a_requested_cut_and_an_empty_batch_records_it(tmp_path:
     sched.complete(record)
     sched.cut_recorded(Lsn(3500))
     rest = sched.cut()
-    assert rest is not None and [t.xid for t in rest.txns] == [3]
+    assert rest is not None and xids(rest) == [3]
 
 
 def test_nothing_above_a_hold_is_applied_until_it_goes(tmp_path: Path) -> None:
@@ -257,9 +254,8 @@ def test_nothing_above_a_hold_is_applied_until_it_goes(tmp_path: Path) -> None:
     txn(f, 1, 2000, 1, first=True)
     txn(f, 2, 3000, 2)
     hold = requests.hold(Lsn(2500), 60.0)
-    sched.received(True)
-    batch = sched.cut()
-    assert batch is not None and [t.xid for t in batch.txns] == [1]
+    batch = cut_now(sched)
+    assert xids(batch) == [1]
     sched.complete(batch)
     txn(f, 3, 4000, 3)
     sched.received(False)
@@ -267,9 +263,9 @@ def test_nothing_above_a_hold_is_applied_until_it_goes(tmp_path: Path) -> None:
     requests.add(Lsn(3500))  # the slot's point, then the hold goes
     assert sched.cut() is None  # still held
     requests.release(hold)
-    batch = sched.cut()
-    assert batch is not None and [t.xid for t in batch.txns] == [2]
-    sched.complete(batch)
+    released = sched.cut()
+    assert released is not None and xids(released) == [2]
+    sched.complete(released)
     record = sched.cut()
     assert record is not None and record.requested == Lsn(3500)
 
@@ -279,7 +275,6 @@ def test_a_hold_whose_writer_died_lapses_and_is_removed(tmp_path: Path) -> None:
     f, sched, _ = make(tmp_path, linger=0.0, requests=requests)
     txn(f, 1, 2000, 1, first=True)
     hold = requests.hold(Lsn(1000), -1.0)  # already past its time
-    sched.received(False)
-    batch = sched.cut()
-    assert batch is not None and [t.xid for t in batch.txns] == [1]
+    batch = cut_now(sched, frames=False)
+    assert xids(batch) == [1]
     assert not hold.exists()

@@ -4,7 +4,8 @@ When the driver has seen only INSERTs for a table in a batch (it peeks every cha
 tag), there is no net effect to compute: PostgreSQL's key uniqueness means no insert
 of the batch meets a row of the table, and the per-table applied LSN means no batch
 is applied twice. So the rows are decoded column-wise (``pgoutput/columnar.py``) and
-appended, without a Python object per row or per value.
+appended, without a Python object per row or per value, and without the event kernel
+(``events.py``) the folds that net changes share.
 """
 
 from __future__ import annotations

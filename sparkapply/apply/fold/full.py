@@ -2,8 +2,10 @@
 
 Runs on an executor, for a table without a key: every change carries whole row images
 (pgoutput marks every column as part of the identity), and equal rows are
-indistinguishable. It gives the same result as the row-wise fold in ``fold.py``
-(the tests run both on the same inputs, and both against a model).
+indistinguishable. It runs over the event kernel (``events.py``: decoding, event
+numbers, grouping, gathering rows) and says which events a change makes on images
+and what an image's events net to. It gives the same result as the row-wise fold in
+``rowwise.py`` (the tests run both on the same inputs, and both against a model).
 
 EVENTS
     Every change becomes events on a row *image* (the relation layout and the raw
@@ -21,7 +23,7 @@ NET EFFECT PER IMAGE
     over the events sorted by (image, number), no Python loop over rows.
 
     TRUNCATE empties the table at its position: only the events after the last one
-    count (``collect`` drops the others), and no pre-batch row needs deleting.
+    count (``events.collect`` drops the others), and no pre-batch row needs deleting.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.fold.keyed import FoldInput, FoldPart, NeedsRowFold, collect
+from sparkapply.apply.fold import events
+from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import Layout, TxnInput
-from sparkapply.apply.write.columns import convert_columns, fit_table
-from sparkapply.apply.write.keys import canonical_keys
+from sparkapply.apply.write.columns import convert_columns
 from sparkapply.pgoutput import messages as m
+from sparkapply.plan.keys import canonical_keys
 
 
 @dataclass(slots=True)
@@ -57,20 +60,23 @@ class RemovedImages:
             self.probe = (name, pa.concat_arrays([values, other.probe[1]]))
 
 
+# Types whose ``is_in`` equality is exactly the canonical encoding's (not floats: NaN
+# payloads and signed zeros).
+_PROBE_TYPES = (
+    pa.types.is_integer,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+    pa.types.is_decimal,
+    pa.types.is_date,
+    pa.types.is_timestamp,
+    pa.types.is_time,
+)
+
+
 def _probe_type(t: pa.DataType) -> bool:
-    """Types whose ``is_in`` equality is exactly the canonical encoding's (not floats:
-    NaN payloads and signed zeros)."""
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_date(t)
-        or pa.types.is_timestamp(t)
-        or pa.types.is_time(t)
-    )
+    return any(is_type(t) for is_type in _PROBE_TYPES)
 
 
 def removed_images(
@@ -96,21 +102,12 @@ def removed_images(
 
 
 @dataclass(slots=True)
-class FullEffect:
+class FullEffect(events.Counts):
     """What a batch does to a REPLICA IDENTITY FULL table (typed, in its schema)."""
 
     upserts: pa.Table  # the rows to write
     # Pre-batch rows to delete, per layout: how many live rows equal to each image go.
     removes: dict[Layout, RemovedImages] = field(default_factory=dict)
-    truncated: bool = False
-    n_inserts: int = 0
-    n_updates: int = 0
-    n_deletes: int = 0
-    last_commit_lsn: int = 0
-
-    @property
-    def n_changes(self) -> int:
-        return self.n_inserts + self.n_updates + self.n_deletes
 
 
 def fold_full(
@@ -124,18 +121,8 @@ def fold_full(
 ) -> FullEffect:
     """Fold the table's changes of ``txns`` (commit order). Raises
     :class:`NeedsRowFold` when only the row-wise fold can do it."""
-    st = collect(
-        relation_ids,
-        txns,
-        schema=schema,
-        key_names=None,
-        proto_version=proto_version,
-        streaming=streaming,
-        table=table,
-    )
-    effect = _net(st)
-    effect.last_commit_lsn = max(t.commit_lsn for t in txns) if txns else 0
-    return effect
+    st = events.collect(relation_ids, txns, schema, None, proto_version, streaming, table)
+    return events.counted(_net(st), st, txns)
 
 
 def layout_columns(layout: Layout, schema: pa.Schema) -> list[str]:
@@ -143,7 +130,7 @@ def layout_columns(layout: Layout, schema: pa.Schema) -> list[str]:
     return [n for n in layout.names if schema.get_field_index(n) >= 0]
 
 
-def _filled_new(part: FoldPart) -> list[pa.Array]:
+def _filled_new(part: events.FoldPart) -> list[pa.Array]:
     """The new image's raw columns, unchanged TOAST values taken from the old image."""
     run = part.run
     out = []
@@ -158,77 +145,55 @@ def _filled_new(part: FoldPart) -> list[pa.Array]:
     return out
 
 
-def _net(st: FoldInput) -> FullEffect:
-    effect = FullEffect(
-        st.schema.empty_table(),
-        truncated=st.truncated,
-        n_inserts=st.counts[m.TAG_INSERT],
-        n_updates=st.counts[m.TAG_UPDATE],
-        n_deletes=st.counts[m.TAG_DELETE],
-    )
+def _net(st: events.FoldInput) -> FullEffect:
+    effect = FullEffect(st.schema.empty_table())
     if not st.parts:
         return effect
     if len({p.layout for p in st.parts}) > 1:
         # Images of different relation versions: the row-wise fold compares them as
         # it always has (a column added mid-batch is rare on a FULL table).
         raise NeedsRowFold("the relation changed within the batch")
-    layouts: dict[Layout, int] = {}
-    width = max(len(p.layout.names) for p in st.parts)
-    cols: list[list[pa.Array]] = [[] for _ in range(width)]
-    layout_ix, numbers, deltas, part_ix, row_ix, old_side = [], [], [], [], [], []
+    filled, on_images = _image_events(st)
+    if on_images is None:
+        return effect
+    g = on_images.grouped(nulls_equal=True)
+    keep, from_pre = _multiset(g)
+
+    def raw(
+        p_i: int, part: events.FoldPart, rows: np.ndarray, at: np.ndarray
+    ) -> dict[str, pa.Array]:
+        idx = pa.array(rows)
+        return {name: filled[p_i][i].take(idx) for i, name in enumerate(part.layout.names)}
+
+    effect.upserts = events.gather_rows(st, g, keep, raw)
+    if not st.truncated and from_pre.any():
+        effect.removes = _removed_images(st, filled, g, from_pre)
+    return effect
+
+
+def _image_events(st: events.FoldInput) -> tuple[list[list[pa.Array]], events.Events | None]:
+    """Each run's new images (unchanged TOAST values filled), and the events on
+    images (see EVENTS); one relation layout, so images compare column by column."""
+    log = events.EventLog(len(st.parts[0].layout.names))
     filled: list[list[pa.Array]] = []
     for p_i, part in enumerate(st.parts):
         run = part.run
-        ops = run.ops
-        if bool(np.any((ops == m.TAG_UPDATE) & ~run.has_old)):
+        if bool(np.any((run.ops == m.TAG_UPDATE) & ~run.has_old)):
             raise NeedsRowFold("an UPDATE without the old image")
-        new_values = _filled_new(part)
-        filled.append(new_values)
-        seq = (part.base + np.arange(len(ops), dtype=np.int64)) * 2
-        lid = layouts.setdefault(part.layout, len(layouts))
+        filled.append(_filled_new(part))
         # A remove (old image) comes before the put (new image) of the same UPDATE.
-        removes = np.flatnonzero(run.has_old)
-        puts = np.flatnonzero(ops != m.TAG_DELETE)
-        for rows, values, sign in ((removes, run.old.values, -1), (puts, new_values, 1)):
-            if len(rows) == 0:
-                continue
-            idx = pa.array(rows)
-            for c in range(width):
-                if c < len(values):
-                    cols[c].append(values[c].take(idx))
-                else:
-                    cols[c].append(pa.nulls(len(rows), pa.large_binary()))
-            layout_ix.append(np.full(len(rows), lid, np.int32))
-            numbers.append(seq[rows] + (0 if sign < 0 else 1))
-            deltas.append(np.full(len(rows), sign, np.int64))
-            part_ix.append(np.full(len(rows), p_i, np.int32))
-            row_ix.append(rows)
-            old_side.append(np.full(len(rows), sign < 0))
-    names = [f"c{c}" for c in range(width)]
-    events = pa.table(
-        {
-            "layout": np.concatenate(layout_ix),
-            **{n: pa.concat_arrays(c) for n, c in zip(names, cols, strict=True)},
-            "n": np.concatenate(numbers),
-        }
-    )
-    order = pc.sort_indices(
-        events, [("layout", "ascending"), *((n, "ascending") for n in names), ("n", "ascending")]
-    ).to_numpy()
-    total = len(order)
-    starts = np.zeros(total, bool)
-    starts[0] = True
-    if total > 1:
-        sorted_events = events.take(pa.array(order))
-        for name in ("layout", *names):
-            col = sorted_events.column(name)
-            a, b = col.slice(1), col.slice(0, total - 1)
-            ne = pc.fill_null(pc.not_equal(a, b), False)
-            one_null = pc.xor(pc.is_null(a), pc.is_null(b))
-            starts[1:] |= (pc.or_(ne, one_null)).to_numpy(zero_copy_only=False)
-    group = np.cumsum(starts) - 1
-    first = np.flatnonzero(starts)
-    delta = np.concatenate(deltas)[order]
+        log.add(p_i, part, np.flatnonzero(run.has_old), run.old.values, put=False)
+        log.add(p_i, part, np.flatnonzero(run.ops != m.TAG_DELETE), filled[-1], put=True)
+    return filled, log.events()
+
+
+def _multiset(g: events.Grouped) -> tuple[np.ndarray, np.ndarray]:
+    """Per sorted event, whether it is a row to write; per image, how many pre-batch
+    rows it deletes (see NET EFFECT PER IMAGE)."""
+    total = len(g.put)
+    group = np.cumsum(g.first) - 1
+    first = np.flatnonzero(g.first)
+    delta = np.where(g.put, 1, -1).astype(np.int64)
     running = np.cumsum(delta)
     before = (running - delta)[first]  # the running sum before each image's first event
     within = running - before[group]
@@ -238,50 +203,22 @@ def _net(st: FoldInput) -> FullEffect:
     written = within[last] + from_pre  # in-batch rows of each image that stay
 
     # Rows to write: the last ``written`` puts of each image (equal rows: any will do).
-    is_put = delta > 0
+    is_put = g.put
     puts_so_far = np.cumsum(is_put)
     puts_before = (puts_so_far - is_put)[first]
     puts_total = puts_so_far[last] - puts_before
     rank_from_end = puts_total[group] - (puts_so_far - puts_before[group])
-    keep = is_put & (rank_from_end < written[group])
-
-    part_all = np.concatenate(part_ix)[order]
-    row_all = np.concatenate(row_ix)[order]
-    pieces = []
-    for p_i, part in enumerate(st.parts):
-        sel = keep & (part_all == p_i)
-        if not sel.any():
-            continue
-        rows = np.sort(row_all[sel])
-        idx = pa.array(rows)
-        raw = {name: filled[p_i][i].take(idx) for i, name in enumerate(part.layout.names)}
-        converted = convert_columns(part.layout, raw, st.schema)
-        pieces.append(fit_table(converted, len(rows), st.schema))
-    if pieces:
-        effect.upserts = pa.concat_tables(pieces)
-    if not st.truncated and from_pre.any():
-        effect.removes = _removed_images(
-            st, filled, first, from_pre, order, part_ix, row_ix, old_side
-        )
-    return effect
+    keep: np.ndarray = is_put & (rank_from_end < written[group])
+    return keep, from_pre
 
 
 def _removed_images(
-    st: FoldInput,
-    filled: list[list[pa.Array]],
-    first: np.ndarray,
-    from_pre: np.ndarray,
-    order: np.ndarray,
-    part_ix: list[np.ndarray],
-    row_ix: list[np.ndarray],
-    old_side: list[np.ndarray],
+    st: events.FoldInput, filled: list[list[pa.Array]], g: events.Grouped, from_pre: np.ndarray
 ) -> dict[Layout, RemovedImages]:
     """The images of the pre-batch rows to delete, with their counts."""
     groups = np.flatnonzero(from_pre)
-    at = order[first[groups]]  # an event of each such image (all are equal)
-    parts = np.concatenate(part_ix)[at]
-    rows = np.concatenate(row_ix)[at]
-    old = np.concatenate(old_side)[at]
+    at = np.flatnonzero(g.first)[groups]  # an event of each such image (all are equal)
+    parts, rows, old = g.part[at], g.row[at], ~g.put[at]
     counts = from_pre[groups]
     out: dict[Layout, RemovedImages] = {}
     for p_i in np.unique(parts).tolist():

@@ -2,7 +2,9 @@
 
 Runs on an executor. Input: the spool segments of the batch's transactions that
 touch the table. Output: a :class:`TableDelta` saying which pre-batch rows must go and
-which rows must be written, with values still in PostgreSQL text form.
+which rows must be written, with values still in PostgreSQL text form. It reads every
+change as a row, so it takes what the vectorised folds (``keyed``, ``full``, over the
+event kernel of ``events.py``) cannot net: they raise ``NeedsRowFold`` (``path.py``).
 
 ROW SEMANTICS
     Keyed tables (a primary key or REPLICA IDENTITY USING INDEX): the state maps a key

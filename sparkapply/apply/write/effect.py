@@ -1,12 +1,14 @@
 """Write a table's net effect: new row versions as data files, replaced rows as
 position deletes (merge-on-read). Executor side.
 
-Inputs are the net effect of the batch on the table, from the vectorised fold
-(:class:`~sparkapply.apply.fold.keyed.NetEffect`) or the row-wise fold
-(:class:`~sparkapply.apply.fold.rowwise.TableDelta`), and the table's live data and delete
-files. Rows the batch replaces or deletes are located (``locate.py``) and named in one
-position-delete file; new and changed rows go to new data files. Nothing is rewritten,
-so a batch writes bytes in proportion to what it changes, not to the table's size.
+Inputs are the net effect of the batch on the table, from a vectorised fold
+(:class:`~sparkapply.apply.fold.keyed.NetEffect`,
+:class:`~sparkapply.apply.fold.full.FullEffect`) or the row-wise fold
+(:class:`~sparkapply.apply.fold.rowwise.TableDelta`), and the table it is written to
+(a :class:`Target`: the live data and delete files, the writer of new ones). Rows the
+batch replaces or deletes are located (``locate.py``) and named in one position-delete
+file; new and changed rows go to new data files. Nothing is rewritten, so a batch
+writes bytes in proportion to what it changes, not to the table's size.
 Only descriptions cross back to the driver, which commits them.
 
 Pure-insert batches never read the table: PostgreSQL's own key uniqueness guarantees
@@ -28,13 +30,13 @@ from sparkapply.apply.fold.full import FullEffect, RemovedImages, layout_columns
 from sparkapply.apply.fold.keyed import NetEffect
 from sparkapply.apply.fold.rowwise import Key, Layout, Row, TableDelta, _Unchanged
 from sparkapply.apply.write.columns import convert_column, fit_table
-from sparkapply.apply.write.keys import canonical_keys, comparable
 from sparkapply.apply.write.locate import key_matcher, key_pruner, live_rows, locate_keys
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SparkapplyError
+from sparkapply.plan.keys import canonical_keys, comparable
 
 # Rows per data file written by one task (bounded memory, files of a useful size).
 ROWS_PER_FILE = 1_000_000
@@ -48,48 +50,45 @@ class WriteResult:
     rows_removed: int = 0
 
 
-def write_rows(table: pa.Table, writer: TableWriter, result: WriteResult) -> None:
-    for start in range(0, table.num_rows, ROWS_PER_FILE):
-        part = table.slice(start, ROWS_PER_FILE)
-        result.added.append(writer.write(part))
-        result.rows_written += part.num_rows
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The table a task writes: its schema and live files, the writer of its new
+    files, and what they add and delete so far."""
+
+    schema: pa.Schema
+    data_files: Sequence[DataFileInfo]
+    delete_files: Sequence[DeleteFileInfo]
+    writer: TableWriter
+    result: WriteResult = field(default_factory=WriteResult)
+
+    def write_rows(self, table: pa.Table) -> None:
+        for start in range(0, table.num_rows, ROWS_PER_FILE):
+            part = table.slice(start, ROWS_PER_FILE)
+            self.result.added.append(self.writer.write(part))
+            self.result.rows_written += part.num_rows
+
+    def write_positions(self, positions: dict[str, np.ndarray]) -> None:
+        info = self.writer.write_deletes(positions)
+        if info is not None:
+            self.result.deletes.append(info)
+            self.result.rows_removed += info.record_count
 
 
-def _write_positions(
-    positions: dict[str, np.ndarray], writer: TableWriter, result: WriteResult
-) -> None:
-    info = writer.write_deletes(positions)
-    if info is not None:
-        result.deletes.append(info)
-        result.rows_removed += info.record_count
-
-
-def write_effect(
-    effect: NetEffect,
-    *,
-    key_names: Sequence[str],
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
-    writer: TableWriter,
-) -> WriteResult:
+def write_effect(effect: NetEffect, key_names: Sequence[str], target: Target) -> WriteResult:
     """Files for the vectorised fold's net effect."""
-    result = WriteResult()
     upserts = effect.upserts
     if effect.fills:
-        upserts = _fill_from_table(effect, key_names, data_files, delete_files)
+        upserts = _fill_from_table(effect, key_names, target)
     if not effect.truncated and effect.remove_keys:
-        positions = locate_keys(effect.remove_keys, key_names, data_files, delete_files)
-        _write_positions(positions, writer, result)
-    write_rows(upserts, writer, result)
-    return result
+        positions = locate_keys(
+            effect.remove_keys, key_names, target.data_files, target.delete_files
+        )
+        target.write_positions(positions)
+    target.write_rows(upserts)
+    return target.result
 
 
-def _fill_from_table(
-    effect: NetEffect,
-    key_names: Sequence[str],
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
-) -> pa.Table:
+def _fill_from_table(effect: NetEffect, key_names: Sequence[str], target: Target) -> pa.Table:
     """Unchanged TOAST values with no earlier version in the batch: the column of the
     key's live pre-batch row (null when there is none: the row was never copied)."""
     upserts = effect.upserts
@@ -101,7 +100,8 @@ def _fill_from_table(
     columns = [c for c in effect.fills if c in upserts.column_names]
     match = key_matcher(keys, key_names)
     found = []
-    for live in live_rows(data_files, delete_files, [*key_names, *columns], key_pruner(keys)):
+    wanted = [*key_names, *columns]
+    for live in live_rows(target.data_files, target.delete_files, wanted, key_pruner(keys)):
         hit = pc.fill_null(match(live.table), False).to_numpy(zero_copy_only=False) & live.live
         if hit.any():
             found.append(live.table.filter(pa.array(hit)))
@@ -200,65 +200,38 @@ def typed_keys(keys: Sequence[Key], layouts: Sequence[Layout], schema: pa.Schema
     return [comparable(pa.concat_arrays(parts)) for parts in columns]
 
 
-def apply_delta(
-    delta: TableDelta,
-    *,
-    schema: pa.Schema,
-    key_names: Sequence[str],
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
-    writer: TableWriter,
-) -> WriteResult:
+def apply_delta(delta: TableDelta, key_names: Sequence[str], target: Target) -> WriteResult:
     """Files for the row-wise fold's net effect."""
-    result = WriteResult()
     upserts = delta.upserts()
-    table, unchanged = rows_to_arrow(upserts, schema)
+    table, unchanged = rows_to_arrow(upserts, target.schema)
     if delta.mixed:
         if not delta.truncated:
-            table = _delete_mixed(
-                delta, upserts, table, unchanged, schema, data_files, delete_files, writer, result
-            )
+            table = _delete_mixed(delta, upserts, table, unchanged, target)
     elif delta.keyed and not delta.truncated and not delta.only_inserts:
-        table = _delete_keyed(
-            delta,
-            upserts,
-            table,
-            unchanged,
-            schema,
-            key_names,
-            data_files,
-            delete_files,
-            writer,
-            result,
-        )
+        table = _delete_by_key(delta.remove_keys, key_names, upserts, table, unchanged, target)
     if not delta.keyed and not delta.truncated and delta.removes:
-        _delete_full(delta, schema, data_files, delete_files, writer, result)
-    write_rows(table, writer, result)
-    return result
+        _delete_full(delta, target)
+    target.write_rows(table)
+    return target.result
 
 
-def _delete_keyed(
-    delta: TableDelta,
+def _delete_by_key(
+    removed: dict[Key, Layout],
+    key_names: Sequence[str],
     upserts: Sequence[Row],
     table: pa.Table,
     unchanged: dict[str, list[int]],
-    schema: pa.Schema,
-    key_names: Sequence[str],
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
-    writer: TableWriter,
-    result: WriteResult,
+    target: Target,
 ) -> pa.Table:
-    """Position deletes for the removed keys; fill unchanged TOAST values from the live
-    rows of their source keys. Returns the upserts, filled."""
-    remove = list(delta.remove_keys)
-    keys = typed_keys(remove, [delta.remove_keys[k] for k in remove], schema)
-    positions = locate_keys(keys, key_names, data_files, delete_files)
+    """Position deletes for the removed keys (of columns ``key_names``); fill
+    unchanged TOAST values from the live rows of their source keys. Returns the
+    upserts, filled."""
+    remove = list(removed)
+    keys = typed_keys(remove, [removed[k] for k in remove], target.schema)
+    positions = locate_keys(keys, key_names, target.data_files, target.delete_files)
     if unchanged:
-        table = _fill_unchanged(
-            table, upserts, unchanged, schema, key_names, data_files, delete_files, remove, keys
-        )
-    _write_positions(positions, writer, result)
+        table = _fill_unchanged(table, upserts, unchanged, key_names, remove, keys, target)
+    target.write_positions(positions)
     return table
 
 
@@ -267,31 +240,20 @@ def _delete_mixed(
     upserts: Sequence[Row],
     table: pa.Table,
     unchanged: dict[str, list[int]],
-    schema: pa.Schema,
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
-    writer: TableWriter,
-    result: WriteResult,
+    target: Target,
 ) -> pa.Table:
-    """Mixed identities (fold.py): pre-batch rows removed by key, one group of key
-    columns at a time (unchanged TOAST values filled from the rows of that group),
-    then by image."""
+    """Mixed identities (``fold/rowwise.py``): pre-batch rows removed by key, one
+    group of key columns at a time (unchanged TOAST values filled from the rows of
+    that group), then by image."""
     for names, removed in delta.remove_by.items():
-        remove = list(removed)
-        keys = typed_keys(remove, [removed[k] for k in remove], schema)
-        positions = locate_keys(keys, names, data_files, delete_files)
         mine = {
             c: [i for i in idxs if upserts[i].source_names == names]
             for c, idxs in unchanged.items()
         }
         mine = {c: idxs for c, idxs in mine.items() if idxs}
-        if mine:
-            table = _fill_unchanged(
-                table, upserts, mine, schema, names, data_files, delete_files, remove, keys
-            )
-        _write_positions(positions, writer, result)
+        table = _delete_by_key(removed, names, upserts, table, mine, target)
     if delta.removes:
-        _delete_full(delta, schema, data_files, delete_files, writer, result)
+        _delete_full(delta, target)
     return table
 
 
@@ -299,12 +261,10 @@ def _fill_unchanged(
     table: pa.Table,
     upserts: Sequence[Row],
     unchanged: dict[str, list[int]],
-    schema: pa.Schema,
     key_names: Sequence[str],
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
     remove: Sequence[Key],
     keys: Sequence[pa.Array],
+    target: Target,
 ) -> pa.Table:
     """Unchanged TOAST values: the column of the live pre-batch row of the source key
     (every source key is also a removed key: the row it names is replaced)."""
@@ -316,7 +276,7 @@ def _fill_unchanged(
     if sources:
         source_arr = pa.array(sorted(sources), pa.binary())
         wanted = list(dict.fromkeys([*key_names, *fill_cols]))
-        for rows in live_rows(data_files, delete_files, wanted):
+        for rows in live_rows(target.data_files, target.delete_files, wanted):
             canon = canonical_keys([rows.table.column(k) for k in key_names])
             hit = pc.is_in(canon, value_set=source_arr).to_numpy(zero_copy_only=False) & rows.live
             if not hit.any():
@@ -334,21 +294,15 @@ def _fill_unchanged(
             prior = found.get(canon_of.get(src, b"")) if src is not None else None
             # No pre-batch row (never copied): the value is unknown, stored as null.
             values[i] = prior.get(name) if prior else None
-        col = pa.array(values, type=schema.field(name).type)
+        col = pa.array(values, type=target.schema.field(name).type)
         table = table.set_column(table.schema.get_field_index(name), name, col)
     return table
 
 
-def _delete_full(
-    delta: TableDelta,
-    schema: pa.Schema,
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
-    writer: TableWriter,
-    result: WriteResult,
-) -> None:
+def _delete_full(delta: TableDelta, target: Target) -> None:
     """REPLICA IDENTITY FULL: delete exactly ``count`` live rows equal to each removed
     image (duplicates are a multiset)."""
+    schema = target.schema
     wanted: dict[Layout, RemovedImages] = {}
     by_layout: dict[Layout, list[tuple[Key, int]]] = defaultdict(list)
     for (layout, image), count in delta.removes.items():
@@ -357,21 +311,14 @@ def _delete_full(
         tbl, _ = rows_to_arrow([Row(layout, list(image)) for image, _ in items], schema)
         typed = {n: tbl.column(n) for n in layout_columns(layout, schema)}
         wanted[layout] = removed_images(layout, typed, [count for _, count in items], schema)
-    delete_images(wanted, schema, data_files, delete_files, writer, result)
+    delete_images(wanted, target)
 
 
-def delete_images(
-    wanted: dict[Layout, RemovedImages],
-    schema: pa.Schema,
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
-    writer: TableWriter,
-    result: WriteResult,
-) -> None:
+def delete_images(wanted: dict[Layout, RemovedImages], target: Target) -> None:
     """Position deletes for ``count`` live rows equal to each image (canonical, over
     :func:`layout_columns`); the counts in ``wanted`` are used up."""
     positions: dict[str, np.ndarray] = {}
-    for live in live_rows(data_files, delete_files, schema.names):
+    for live in live_rows(target.data_files, target.delete_files, target.schema.names):
         if not any(images.counts for images in wanted.values()):
             break
         drop = np.zeros(live.table.num_rows, dtype=np.bool_)
@@ -387,7 +334,7 @@ def delete_images(
             if not len(rows):
                 continue
             sub = live.table.take(pa.array(rows))  # the candidates only: files are big
-            names = layout_columns(layout, schema)
+            names = layout_columns(layout, target.schema)
             canon = canonical_keys([sub.column(n) for n in names])
             hits = pc.is_in(canon, value_set=pa.array(list(remaining), pa.binary()))
             hit_np = hits.to_numpy(zero_copy_only=False)
@@ -402,7 +349,7 @@ def delete_images(
                     drop[i] = True
         if drop.any():
             positions[live.file.path] = np.flatnonzero(drop)
-    _write_positions(positions, writer, result)
+    target.write_positions(positions)
 
 
 def _near(table: pa.Table, probe: tuple[str, pa.Array] | None) -> np.ndarray | None:
@@ -422,17 +369,9 @@ def _near(table: pa.Table, probe: tuple[str, pa.Array] | None) -> np.ndarray | N
     return near
 
 
-def write_full_effect(
-    effect: FullEffect,
-    *,
-    schema: pa.Schema,
-    data_files: Sequence[DataFileInfo],
-    delete_files: Sequence[DeleteFileInfo],
-    writer: TableWriter,
-) -> WriteResult:
+def write_full_effect(effect: FullEffect, target: Target) -> WriteResult:
     """Files for the vectorised REPLICA IDENTITY FULL fold's net effect."""
-    result = WriteResult()
     if not effect.truncated and effect.removes:
-        delete_images(effect.removes, schema, data_files, delete_files, writer, result)
-    write_rows(effect.upserts, writer, result)
-    return result
+        delete_images(effect.removes, target)
+    target.write_rows(effect.upserts)
+    return target.result

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkapply.apply.write.file_cache import read_columns
-from sparkapply.apply.write.keys import canonical_keys, comparable
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
+from sparkapply.plan.keys import canonical_keys, comparable
 
 Prune = Callable[[DataFileInfo], bool]
 

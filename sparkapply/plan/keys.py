@@ -2,7 +2,9 @@
 
 The fold keys rows by PostgreSQL text; the table holds typed values. Both sides are
 brought to typed Arrow first and then through these functions, so equal values get
-equal keys whatever their text spelling.
+equal keys whatever their text spelling. The key partitions (``partition.py``) hash
+and link keys by the same values; the folds and the writer (``apply/``) compare,
+sort and match them.
 
 Arrow's compute kernels (sort, equality, ``is_in``, joins) have no kernels for
 extension types such as ``arrow.uuid``; :func:`comparable` gives every key column as
