@@ -40,7 +40,7 @@ class CommittedTxn:
     gid: str | None = None
     # Files that may be deleted once this transaction is durable.
     cleanup: tuple[str, ...] = field(default=())
-    # A streamed transaction's pieces staged while it arrived (apply/stager.py; the
+    # A streamed transaction's pieces staged while it arrived (staging/stager.py; the
     # apply opens it, changes/ only carries it: see staged.py).
     staged: Staged | None = field(default=None, compare=False)
     # Spooled bytes: read per transaction by the batch cut, so computed once.

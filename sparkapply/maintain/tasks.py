@@ -6,7 +6,7 @@ What crosses to an executor is a :class:`RewriteTask` or :class:`MergeDeletesTas
 new files' descriptions. A task that fails removes what it wrote and returns the error
 (picklable), so the driver commits nothing and has no orphans to chase.
 
-A data group is streamed file by file: each input file's live rows (``apply/locate``'s
+A data group is streamed file by file: each input file's live rows (``apply/write/locate``'s
 ``live_rows`` with the table's delete files) are conformed to the table's current
 schema (columns added later read as null, widened types cast) and appended to the
 output file, which is closed and a new one begun once it holds about the target size

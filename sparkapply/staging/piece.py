@@ -3,7 +3,7 @@
 A piece is a byte range of the transaction's spool file, closed at a STREAM STOP. For
 every table the piece touches, the task decodes its inserts column-wise and writes
 them as data files of the table's current schema, exactly as the insert-only apply
-would at commit (``inserts.py``). A table that the piece updates, deletes from or
+would at commit (``apply/fold/append.py``). A table that the piece updates, deletes from or
 truncates gets no files: such a transaction is applied from the spool at commit, and
 its other pieces' files are discarded. Nothing here is visible to a reader; the driver
 decides at commit which files to use (``stager.py``).

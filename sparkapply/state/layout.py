@@ -7,8 +7,8 @@
     prepared/            the prepared store (changes/prepared.py, state/prepared_files.py)
       <xid>.spool          a prepared transaction's change records
       <xid>.json           its metadata, written last: the entry exists once it does
-      <xid>.staged.json    the files staged for it while it arrived (apply/stager.py)
-    staging/             the journal of staged pieces, <prefix><xid>.json (apply/stager.py)
+      <xid>.staged.json    the files staged for it while it arrived (staging/stager.py)
+    staging/             the journal of staged pieces, <prefix><xid>.json (staging/stager.py)
     skip.json            a pending ``sparkapply skip`` (changes/skip.py)
     cut-requests/<X>     ``sparkapply cut --at-lsn X``, X as 16 hex digits
                          (changes/cut_requests.py)
