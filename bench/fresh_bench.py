@@ -45,9 +45,8 @@ from benchlib.live import (
     SparkapplyProcess,
     cleanup,
     live_settings,
-    wait_quiet,
 )
-from benchlib.metering import loadavg, tree_cpu
+from benchlib.metering import loadavg, tree_cpu, wait_quiet
 from benchlib.report import columns, log, machine, print_table
 from benchlib.servers import (
     LIVE_PUBLISHER,

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from benchlib.metering import process_tree, tree_cpu
+from benchlib.metering import process_tree, signal_alive, start_time, stop_tree
 from benchlib.report import log
 from benchlib.servers import LIVE_PUBLISHER, LIVE_SUBSCRIBER, PUBLICATION
 from sparkapply.embedded import EmbeddedPostgres
@@ -121,61 +121,6 @@ def cleanup(*steps: Callable[[], None]) -> None:
             step()
         except (Exception, SystemExit) as exc:
             log(f"cleanup: {getattr(step, '__qualname__', step)} failed: {exc}")
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (with the pid, an identity
-    that survives pid reuse), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
-
-
-def _signal(procs: list[tuple[int, int]], sig: int) -> None:
-    """Send ``sig`` to each (pid, start time) that is still that process."""
-    for pid, started in procs:
-        if _start_time(pid) == started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-
-def stop_tree(root: int) -> list[tuple[int, int]]:
-    """SIGSTOP ``root`` and everything below it; the processes stopped. Parents are
-    stopped before their children, and the tree is looked at again until nothing new
-    appears (a stopped parent starts no one)."""
-    stopped: dict[int, int] = {}
-    for _ in range(10):
-        new = [pid for pid in process_tree(root) if pid not in stopped]
-        if not new:
-            break
-        for pid in new:
-            started = _start_time(pid)
-            if started is None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-                stopped[pid] = started
-    return list(stopped.items())
-
-
-def wait_quiet(
-    root: int, *, window: float = 1.0, max_cpu: float = 0.15, timeout: float = 60.0
-) -> float:
-    """Wait until ``root``'s tree uses less than ``max_cpu`` CPU seconds in ``window``
-    seconds (an idle consumer: a finished batch's maintenance is done); the seconds
-    waited. Gives up after ``timeout``, saying so."""
-    started = time.monotonic()
-    while True:
-        before = tree_cpu(root)
-        time.sleep(window)
-        if tree_cpu(root) - before < max_cpu:
-            return time.monotonic() - started
-        if time.monotonic() - started > timeout:
-            log(f"process {root} still busy after {timeout:.0f}s; going on")
-            return time.monotonic() - started
 
 
 class SlotWatch:
@@ -374,7 +319,7 @@ class SparkapplyProcess:
                     (self.slot,),
                 ).fetchone()
             pid = None if row is None else row[0]
-            started = None if pid is None else _start_time(int(pid))
+            started = None if pid is None else start_time(int(pid))
             if pid is not None and started is not None:
                 os.kill(int(pid), signal.SIGSTOP)
                 self._walsender = [(int(pid), started)]
@@ -382,8 +327,8 @@ class SparkapplyProcess:
 
     def resume(self) -> None:
         """SIGCONT the walsender, then the tree (children first)."""
-        _signal(self._walsender, signal.SIGCONT)
-        _signal(list(reversed(self._frozen)), signal.SIGCONT)
+        signal_alive(self._walsender, signal.SIGCONT)
+        signal_alive(list(reversed(self._frozen)), signal.SIGCONT)
         self._walsender, self._frozen = [], []
 
     def stop(self, timeout: float = 60.0) -> None:
@@ -391,7 +336,7 @@ class SparkapplyProcess:
         of the tree. Safe to call twice, and when it never started."""
         if self.proc is None:
             return
-        tree = [(pid, s) for pid in process_tree(self.pid) if (s := _start_time(pid)) is not None]
+        tree = [(pid, s) for pid in process_tree(self.pid) if (s := start_time(pid)) is not None]
         self.resume()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -399,7 +344,7 @@ class SparkapplyProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 log(f"sparkapply (pid {self.pid}) did not stop in {timeout:.0f}s: killing it")
-        _signal(tree, signal.SIGKILL)
+        signal_alive(tree, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         self.proc = None

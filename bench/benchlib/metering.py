@@ -8,11 +8,15 @@ seconds only.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from benchlib.report import log
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -174,3 +178,61 @@ class ThreadCpuSampler:
 
     def between(self, start: float, end: float) -> float:
         return self.at(end) - self.at(start)
+
+
+# Processes by identity: a pid with its start time, which survives pid reuse.
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (with the pid, an identity
+    that survives pid reuse), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def signal_alive(procs: list[tuple[int, int]], sig: int) -> None:
+    """Send ``sig`` to each (pid, start time) that is still that process."""
+    for pid, started in procs:
+        if start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
+def stop_tree(root: int) -> list[tuple[int, int]]:
+    """SIGSTOP ``root`` and everything below it; the processes stopped. Parents are
+    stopped before their children, and the tree is looked at again until nothing new
+    appears (a stopped parent starts no one)."""
+    stopped: dict[int, int] = {}
+    for _ in range(10):
+        new = [pid for pid in process_tree(root) if pid not in stopped]
+        if not new:
+            break
+        for pid in new:
+            started = start_time(pid)
+            if started is None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped[pid] = started
+    return list(stopped.items())
+
+
+def wait_quiet(
+    root: int, *, window: float = 1.0, max_cpu: float = 0.15, timeout: float = 60.0
+) -> float:
+    """Wait until ``root``'s tree uses less than ``max_cpu`` CPU seconds in ``window``
+    seconds (an idle consumer: a finished batch's maintenance is done); the seconds
+    waited. Gives up after ``timeout``, saying so."""
+    started = time.monotonic()
+    while True:
+        before = tree_cpu(root)
+        time.sleep(window)
+        if tree_cpu(root) - before < max_cpu:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            log(f"process {root} still busy after {timeout:.0f}s; going on")
+            return time.monotonic() - started

@@ -40,9 +40,8 @@ from benchlib.live import (
     cleanup,
     iceberg_sums,
     table_sums,
-    wait_quiet,
 )
-from benchlib.metering import CpuMeter, loadavg
+from benchlib.metering import CpuMeter, loadavg, wait_quiet
 from benchlib.report import log
 from benchlib.servers import PUBLICATION, insert_lsn, postmaster_pid, publish
 from benchlib.workloads import (
