@@ -1,0 +1,61 @@
+"""Expiry reads each manifest list and manifest once per process, and a snapshot's
+removal is one commit that leaves the kept ones and the table's rows as they were."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from sparkapply.lsn import Lsn
+from sparkapply.sink import applied_lsn, commit_files, read_table
+from sparkapply.sink.maintenance import expire_and_delete, referenced_files
+from sparkapply.sink.manifest_reads import READS, ManifestReads
+
+from .conftest import ORDERS
+from .executor_files import write_orders
+
+NOW = dt.datetime.now(dt.UTC) + dt.timedelta(days=365)
+
+
+def _commits(orders: Table, first: int, n: int) -> None:
+    for i in range(first, first + n):
+        commit_files(orders, added=[write_orders(orders, [i])], lsn=Lsn(i))
+
+
+def test_a_second_expiry_reads_only_what_is_new(catalog: Catalog, orders: Table) -> None:
+    _commits(orders, 1, 8)
+    first = expire_and_delete(orders, older_than=NOW, retain_last=4)
+    assert first.snapshots_expired == 4 and first.files_deleted > 0
+    _commits(orders, 9, 3)
+    before = READS.reads
+    second = expire_and_delete(orders, older_than=NOW, retain_last=4)
+    assert second.snapshots_expired == 3
+    # The three new snapshots' manifest lists and the manifests they added; the
+    # four kept last time were read then.
+    new_lists = 3
+    new_manifests = 3
+    assert READS.reads - before == new_lists + new_manifests
+    reloaded = catalog.load_table(ORDERS)
+    assert len(reloaded.metadata.snapshots) == 4
+    assert applied_lsn(reloaded) == Lsn(11)
+    assert sorted(read_table(reloaded).column("id").to_pylist()) == list(range(1, 12))
+    # What the sweep keeps is what a fresh read of the metadata names.
+    assert referenced_files(reloaded) == referenced_files(catalog.load_table(ORDERS))
+
+
+def test_the_reads_are_bounded(orders: Table) -> None:
+    _commits(orders, 1, 5)
+    reads = ManifestReads(max_lists=2, max_entries=8)
+    for snapshot in orders.metadata.snapshots:
+        for manifest in reads.manifests(snapshot, orders.io):
+            reads.entries(manifest, orders.io)
+    assert len(reads._lists) == 2
+    assert reads._entry_count <= 8
+    done = reads.reads
+    newest = orders.metadata.snapshots[-1]
+    reads.manifests(newest, orders.io)  # kept: not read again
+    assert reads.reads == done
+    reads.manifests(orders.metadata.snapshots[0], orders.io)  # evicted: read again
+    assert reads.reads == done + 1
