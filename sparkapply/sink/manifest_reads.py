@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import TypeVar
 
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestEntryStatus, ManifestFile
@@ -21,6 +22,8 @@ from pyiceberg.table.snapshots import Snapshot
 Entry = tuple[str, int, bool]
 """A file a manifest names: its path, size in bytes, and whether the entry is live
 (ADDED or EXISTING, not DELETED)."""
+
+_V = TypeVar("_V")
 
 MAX_LISTS = 4096  # manifest lists: a tuple of pyiceberg's shared ManifestFile objects
 MAX_ENTRIES = 500_000  # entries over all kept manifests (~100 bytes each)
@@ -39,11 +42,9 @@ class ManifestReads:
     def manifests(self, snapshot: Snapshot, io: FileIO) -> tuple[ManifestFile, ...]:
         """The manifests ``snapshot``'s manifest list names."""
         path = snapshot.manifest_list
-        with self._lock:
-            found = self._lists.get(path)
-            if found is not None:
-                self._lists.move_to_end(path)
-                return found
+        found = _kept(self._lists, path, self._lock)
+        if found is not None:
+            return found
         manifests = tuple(snapshot.manifests(io))
         with self._lock:
             self.reads += 1
@@ -55,11 +56,9 @@ class ManifestReads:
     def entries(self, manifest: ManifestFile, io: FileIO) -> list[Entry]:
         """Every file ``manifest``'s entries name, DELETED ones included."""
         path = manifest.manifest_path
-        with self._lock:
-            found = self._entries.get(path)
-            if found is not None:
-                self._entries.move_to_end(path)
-                return found
+        found = _kept(self._entries, path, self._lock)
+        if found is not None:
+            return found
         entries = [
             (
                 e.data_file.file_path,
@@ -77,6 +76,15 @@ class ManifestReads:
                     _, old = self._entries.popitem(last=False)
                     self._entry_count -= len(old)
         return entries
+
+
+def _kept(kept: OrderedDict[str, _V], path: str, lock: threading.Lock) -> _V | None:
+    """What was read of ``path`` before (now the most recently used), or None."""
+    with lock:
+        found = kept.get(path)
+        if found is not None:
+            kept.move_to_end(path)
+        return found
 
 
 READS = ManifestReads()

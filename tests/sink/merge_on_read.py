@@ -17,10 +17,8 @@ from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
     FileFormat,
-    ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
-    ManifestWriterV2,
     write_manifest_list,
 )
 from pyiceberg.table import Table
@@ -30,15 +28,7 @@ from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSn
 from pyiceberg.typedef import Record
 
 from sparkapply.datafiles import data_directory
-
-
-class _DeleteManifestWriter(ManifestWriterV2):
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
+from sparkapply.sink.producer import DeleteManifestWriter
 
 
 def delete_row(table: Table, data_file: str, position: int) -> None:
@@ -63,7 +53,7 @@ def delete_row(table: Table, data_file: str, position: int) -> None:
     delete_file.spec_id = metadata.default_spec_id
 
     manifest_path = f"{table.location()}/metadata/{uuid.uuid4()}-m0.avro"
-    writer = _DeleteManifestWriter(
+    writer = DeleteManifestWriter(
         metadata.spec(),
         metadata.schema(),
         table.io.new_output(manifest_path),

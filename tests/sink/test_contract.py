@@ -15,16 +15,7 @@ from sparkapply.datafiles import arrow_schema_of, data_directory
 from sparkapply.errors import CommitConflictError
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.messages import Relation, RelationColumn
-from sparkapply.sink import (
-    CutPoint,
-    IcebergSink,
-    Retention,
-    Sink,
-    TableChange,
-    TableState,
-    applied_lsn,
-    read_table,
-)
+from sparkapply.sink import applied_lsn, contract, read_table
 from sparkapply.sink.cuts import CutLog, read_cuts
 from sparkapply.sink.files import live_files
 
@@ -48,19 +39,19 @@ def relation(*extra: str, rel_id: int = 1) -> Relation:
     )
 
 
-def rows(state: TableState, ids: list[int]) -> str:
+def rows(state: contract.TableState, ids: list[int]) -> str:
     schema = arrow_schema_of(state.table)
     data = {f.name: [i if f.name == "id" else f"{f.name} {i}" for i in ids] for f in schema}
     return write_data_file(state.table, pa.Table.from_pydict(data, schema=schema))
 
 
-def ids(state: TableState) -> list[int]:
+def ids(state: contract.TableState) -> list[int]:
     return sorted(read_table(state.table).column("id").to_pylist())
 
 
 def test_load_evolve_commit_a_batch_with_its_cut(catalog: Catalog) -> None:
     cuts = CutLog(catalog, CUTS, retain_seconds=3600)
-    sink: Sink = IcebergSink(catalog, cuts=cuts)
+    sink: contract.Sink = contract.IcebergSink(catalog, cuts=cuts)
     items = sink.load_table(ITEMS, relation())
     assert (items.applied, items.snapshot_id) == (Lsn(0), None)
     items = sink.evolve_table(items, relation("colour"), lsn=Lsn(5))
@@ -69,10 +60,10 @@ def test_load_evolve_commit_a_batch_with_its_cut(catalog: Catalog) -> None:
 
     first = sink.commit_batch(
         [
-            TableChange(items, Lsn(10), added=[rows(items, [1, 2, 3])]),
-            TableChange(tags, Lsn(10), added=[rows(tags, [7])]),
+            contract.TableChange(items, Lsn(10), added=[rows(items, [1, 2, 3])]),
+            contract.TableChange(tags, Lsn(10), added=[rows(tags, [7])]),
         ],
-        cut=CutPoint(Lsn(10), dt.datetime.now(dt.UTC)),
+        cut=contract.CutPoint(Lsn(10), dt.datetime.now(dt.UTC)),
     )
     items, tags = sink.load_table(ITEMS, relation()), sink.load_table(TAGS, relation(rel_id=2))
     assert [items.snapshot_id, tags.snapshot_id] == first
@@ -85,7 +76,9 @@ def test_load_evolve_commit_a_batch_with_its_cut(catalog: Catalog) -> None:
     writer = TableWriter(data_directory(items.table), arrow_schema_of(items.table))
     gone = writer.write_deletes({data[0].path: np.array([1])})
     assert gone is not None
-    sink.commit_batch([TableChange(items, Lsn(20), added=[rows(items, [4])], deletes=[gone])])
+    sink.commit_batch(
+        [contract.TableChange(items, Lsn(20), added=[rows(items, [4])], deletes=[gone])]
+    )
     assert ids(sink.load_table(ITEMS, relation())) == [1, 3, 4]
 
 
@@ -93,13 +86,13 @@ def test_load_evolve_commit_a_batch_with_its_cut(catalog: Catalog) -> None:
 def test_a_refused_batch_commits_nothing_and_removes_its_files(
     catalog: Catalog, atomic: bool
 ) -> None:
-    sink = IcebergSink(catalog, atomic=atomic)
+    sink = contract.IcebergSink(catalog, atomic=atomic)
     items, tags = sink.load_table(ITEMS, relation()), sink.load_table(TAGS, relation(rel_id=2))
-    sink.commit_batch([TableChange(tags, Lsn(10), added=[rows(tags, [1])])])
+    sink.commit_batch([contract.TableChange(tags, Lsn(10), added=[rows(tags, [1])])])
     # tags moved on since its state was loaded: the batch planned against a stale base.
     batch = [
-        TableChange(items, Lsn(20), added=[rows(items, [1])]),
-        TableChange(tags, Lsn(20), added=[rows(tags, [2])]),
+        contract.TableChange(items, Lsn(20), added=[rows(items, [1])]),
+        contract.TableChange(tags, Lsn(20), added=[rows(tags, [2])]),
     ]
     with pytest.raises(CommitConflictError):
         sink.commit_batch(batch)
@@ -113,13 +106,13 @@ def test_a_refused_batch_commits_nothing_and_removes_its_files(
 
 
 def test_expire_and_remove_files(catalog: Catalog) -> None:
-    sink = IcebergSink(catalog)
+    sink = contract.IcebergSink(catalog)
     items = sink.load_table(ITEMS, relation())
     for lsn in (10, 20, 30):
-        sink.commit_batch([TableChange(items, Lsn(lsn), added=[rows(items, [lsn])])])
+        sink.commit_batch([contract.TableChange(items, Lsn(lsn), added=[rows(items, [lsn])])])
         items = sink.load_table(ITEMS, relation())
     later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
-    assert sink.expire(items.table, Retention(later, retain_last=1, free_files=True)) == 2
+    assert sink.expire(items.table, contract.Retention(later, retain_last=1, free_files=True)) == 2
     assert len(items.table.metadata.snapshots) == 1 and ids(items) == [10, 20, 30]
 
     stray = rows(items, [99])
