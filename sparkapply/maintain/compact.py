@@ -9,15 +9,18 @@ ORDER AND FAILURE
 3. Failpoint ``compact-before-commit``: files written, nothing committed. A crash here
    leaves unreferenced files, which the orphan sweep removes after its grace period;
    the table is unchanged.
-4. One catalog commit (``sink/rewrite.py``) on the planned snapshot. If the table moved
-   on (an apply commit landed), nothing lands: the new files are removed and the error
-   (:class:`~sparkapply.sink.commit.CommitConflictError`, transient) tells the caller
-   to plan again later. The rows and the applied LSN are the same either way.
+4. Under ``guard`` (the table's lock, when the apply runs beside it), the table is read
+   again and one catalog commit (``sink/rewrite.py``) lands on its current snapshot. If
+   batches committed since the plan, their deletes of rewritten rows are carried over
+   to the new files (``rebase.py``); if something else changed (a file to remove is
+   gone), nothing lands: the new files are removed and the error
+   (:class:`~sparkapply.errors.CommitConflictError`, transient) tells the caller to
+   plan again later. The rows and the applied LSN are the same either way.
 
-It must not run while an apply of the same table is between planning and commit (the
+The lock keeps the commit from landing between an apply's planning and its commit (the
 apply's row delta names row positions of the files compaction removes; the apply's
-commit asserts its base snapshot, so it would be refused, not corrupted). The run loop
-calls it on the apply thread, between batches (``maintainer.py``).
+commit asserts its base snapshot, so it would be refused, not corrupted); the rewrite
+itself runs while the apply goes on (``maintain/background.py``).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from dataclasses import dataclass
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
-from sparkapply.datafiles import arrow_schema_of, data_directory
-from sparkapply.errors import SparkapplyError
+from sparkapply.datafiles import DeleteFileInfo, arrow_schema_of, data_directory
+from sparkapply.errors import CommitConflictError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.maintain.plan import CompactionPlan, plan_compaction
+from sparkapply.maintain.rebase import carried_deletes
 from sparkapply.maintain.tasks import MergeDeletesTask, RewriteTask, TaskResult, run_task
 from sparkapply.sink.files import remove_orphans
 from sparkapply.sink.rewrite import commit_rewrite
@@ -93,9 +97,13 @@ def compact(
     failpoint("compact-before-commit")
     try:
         with guard():
+            head, carried = _head(table, plan, results)
+            if carried is not None:
+                written.append(carried.path)
+                merged.append(carried)
             committed = commit_rewrite(
                 table,
-                base_snapshot_id=plan.base_snapshot_id,
+                base_snapshot_id=head,
                 added_data=added,
                 added_deletes=merged,
                 removed=plan.removed,
@@ -121,6 +129,30 @@ def compact(
         committed.snapshot_id,
     )
     return outcome
+
+
+def _head(
+    table: Table, plan: CompactionPlan, results: list[TaskResult]
+) -> tuple[int, DeleteFileInfo | None]:
+    """The snapshot to commit on (the table's current one, read again under the
+    lock) and, if batches committed since the plan, the delete file that carries
+    their deletes of rewritten rows over to the new files (``rebase.py``)."""
+    try:
+        table.refresh()
+        head = table.metadata.current_snapshot_id
+        if head is None or head == plan.base_snapshot_id:
+            return plan.base_snapshot_id, None
+        moved = {path: m for r in results for path, m in r.moved.items()}
+        return head, carried_deletes(table, plan.delete_files, moved)
+    except SparkapplyError:
+        raise
+    except Exception as exc:
+        raise CommitConflictError(
+            f"cannot carry the rewrite over to the table's new snapshot: "
+            f"{type(exc).__name__}: {exc}",
+            table=table_name(table),
+            hint="nothing was committed; plan the rewrite again (retried at the next run)",
+        ) from exc
 
 
 def _tasks(

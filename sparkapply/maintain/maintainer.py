@@ -405,7 +405,13 @@ class Maintainer:
         if dry_run:
             return (len(manifests), len(contents))
         with guard():
-            commit_rewrite(table, base_snapshot_id=snapshot.snapshot_id)
+            # On the snapshot current now: a merge keeps every file, so whatever the
+            # apply committed since the look above is merged too.
+            table.refresh()
+            head = table.current_snapshot()
+            assert head is not None
+            manifests = head.manifests(table.io)
+            commit_rewrite(table, base_snapshot_id=head.snapshot_id)
         after = table.current_snapshot()
         assert after is not None
         return (len(manifests), len(after.manifests(table.io)))

@@ -48,11 +48,23 @@ class MergeDeletesTask:
     data_dir: str
 
 
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """Where a rewritten data file's live rows went: to ``path``, from row ``offset``
+    on, in order; ``deleted`` (sorted) are the positions not carried over. Enough to
+    carry a delete that lands meanwhile over to the new file (``rebase.py``)."""
+
+    path: str
+    offset: int
+    deleted: np.ndarray
+
+
 @dataclass(slots=True)
 class TaskResult:
     table: str
     added: list[str] = field(default_factory=list)
     deletes: DeleteFileInfo | None = None
+    moved: dict[str, Moved] = field(default_factory=dict)  # by rewritten data file
     rows_in: int = 0  # live rows read
     rows_out: int = 0
     bytes_out: int = 0
@@ -114,10 +126,12 @@ class _RollingWriter:
         self.fs.create_dir(self.dir_path, recursive=True)
         self._writer: pq.ParquetWriter | None = None
         self._estimate = 0.0
+        self._rows = 0  # in the open file
 
-    def write(self, t: pa.Table, bytes_per_row: float) -> None:
+    def write(self, t: pa.Table, bytes_per_row: float) -> tuple[str, int] | None:
+        """Append ``t``; the file it went to and its first row there (None if empty)."""
         if t.num_rows == 0:
-            return
+            return None
         if self._writer is None:
             path = f"{self.dir_path}/sparkapply-{uuid.uuid4().hex}-compacted.parquet"
             self.result.added.append(_uri(self.data_dir, path))
@@ -125,11 +139,15 @@ class _RollingWriter:
             self._writer = pq.ParquetWriter(sink, self.schema)
             self._sink = sink
             self._estimate = 0.0
+            self._rows = 0
+        where = (self.result.added[-1], self._rows)
         self._writer.write_table(t)
+        self._rows += t.num_rows
         self.result.rows_out += t.num_rows
         self._estimate += t.num_rows * bytes_per_row
         if self._estimate >= self.target:
             self.close()
+        return where
 
     def close(self) -> None:
         if self._writer is not None:
@@ -144,10 +162,13 @@ def _rewrite(task: RewriteTask, result: TaskResult) -> None:
         # No column list: every column of each file (columns differ across files).
         for rows in live_rows(task.files, task.delete_files, []):
             f = rows.file
-            kept = conform(rows.table.filter(pa.array(rows.live)), task.schema)
+            live = rows.live
+            kept = conform(rows.table.filter(pa.array(live)), task.schema)
             result.rows_in += kept.num_rows
             per_row = f.file_size_in_bytes / f.record_count if f.record_count else 0.0
-            out.write(kept, per_row)
+            where = out.write(kept, per_row)
+            if where is not None:
+                result.moved[f.path] = Moved(*where, np.flatnonzero(~live).astype(np.int64))
     finally:
         out.close()
     for uri in result.added:

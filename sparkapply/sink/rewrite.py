@@ -28,10 +28,12 @@ CONCURRENT CHANGE
 
 The caller planned against one snapshot: the commit carries an
 ``AssertRefSnapshotId`` for it and is refused (:class:`CommitConflictError`, nothing
-committed, the manifests written are removed) if anything committed meanwhile. A
-compaction never rebases: the apply's next row delta names positions of files as they
-were, so a rewrite must not land between its planning and its commit, and the apply's
-commit (also asserting its base) refuses to land after a rewrite it did not see.
+committed, the manifests written are removed) if anything committed meanwhile. The
+apply's row delta names positions of files as they were, so a rewrite must not land
+between an apply's planning and its commit, and the apply's commit (also asserting its
+base) refuses to land after a rewrite it did not see. A compaction that batches
+overtook carries their deletes over itself (``maintain/rebase.py``) and names the
+snapshot it carried them to.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from sparkapply.sink import (
     current_snapshot_id,
 )
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
-from tests.readers import read_with_duckdb
+from tests.readers import read_with_duckdb, read_with_iceberg_rust
 from tests.sink.conftest import ORDERS
 from tests.sink.executor_files import order, to_arrow, write_data_file, write_orders
 
@@ -113,34 +113,78 @@ def test_dry_run_writes_nothing(orders: Table, spark: Any) -> None:
     assert files(orders) == listing and current_snapshot_id(orders) == snapshot
 
 
-def test_an_apply_commit_during_compaction_wins(
+def test_apply_commits_during_compaction_are_carried_over(
     catalog: Catalog, orders: Table, spark: Any
 ) -> None:
-    where = churn(orders, 5)
-    listing = files(orders)
+    """Batches that commit while the rewrite runs, deleting rows of files it rewrites
+    (one of them with a row already deleted at the plan, so positions shift), do not
+    stop it: it lands on the newest snapshot and their deletes apply to the new files."""
+    where = churn(orders, 5)  # ids 1-50; ids 1, 11, 21, 31 updated (old rows deleted)
+    expected = {r[0]: r for r in rows(orders)}
     apply_table = catalog.load_table(ORDERS)
+    plan_snapshot = current_snapshot_id(orders)
+    planned = {f.path for f in current_data_files(orders)}
 
-    def spark_after_an_apply_commit() -> Any:
-        # Lands after compaction planned, before it commits: an update of id 1.
-        path, pos = where[1]
-        new = write_orders(apply_table, [1], note="updated meanwhile")
-        listing.add(new)
-        commit_files(
-            apply_table,
-            added=[new],
-            deletes=delete_positions(apply_table, {path: [pos]}),
-            lsn=Lsn(100),
-        )
+    def spark_after_two_batches() -> Any:
+        # After the plan, before the commit: an update of id 12 (in batch 1's file, where
+        # id 11's old version, the row before it, was deleted at the plan), then a delete
+        # of ids 2 and 45 and an update of id 12 again.
+        lsn = 100
+        for ids in ([12], [2, 45, 12]):
+            deleted = [where[i] for i in ids]
+            by_file: dict[str, list[int]] = {}
+            for path, pos in deleted:
+                by_file.setdefault(path, []).append(pos)
+            added = write_orders(apply_table, [12], note=f"updated at {lsn}")
+            commit_files(
+                apply_table,
+                added=[added],
+                deletes=delete_positions(apply_table, by_file),
+                lsn=Lsn(lsn),
+            )
+            where[12] = (added if "://" in added else f"file://{added}", 0)
+            lsn += 1
+        return spark
+
+    outcome = compact(
+        orders, spark_after_two_batches, target_file_size=128 * MiB, file_delete_ratio=0.2
+    )
+    assert outcome.snapshot_id is not None
+    table = catalog.load_table(ORDERS)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert snapshot.summary.operation.value == "replace"
+    assert snapshot.parent_snapshot_id != plan_snapshot  # on the batches' snapshot
+    assert applied_lsn(table) == Lsn(101)
+    del expected[2], expected[45]
+    got = {r[0]: r for r in rows(table)}
+    assert got.pop(12)[6] == "updated at 101"
+    del expected[12]
+    assert got == expected
+    ids = sorted([*expected, 12])
+    assert arrow_ids(read_with_duckdb(table)) == ids
+    assert arrow_ids(read_with_iceberg_rust(table)) == ids
+    assert planned.isdisjoint(f.path for f in current_data_files(table))  # all rewritten
+
+
+def test_a_truncate_during_compaction_wins(catalog: Catalog, orders: Table, spark: Any) -> None:
+    """What cannot be carried over (the files the plan rewrites are gone) is refused:
+    nothing of the compaction lands and its files are removed."""
+    churn(orders, 5)
+    apply_table = catalog.load_table(ORDERS)
+    listing: set[str] = set()
+
+    def spark_after_a_truncate() -> Any:
+        new = write_orders(apply_table, [7], note="after the truncate")
+        commit_files(apply_table, added=[new], truncate=True, lsn=Lsn(100))
         listing.update(files(apply_table))
         return spark
 
     with pytest.raises(CommitConflictError):
-        compact(
-            orders, spark_after_an_apply_commit, target_file_size=128 * MiB, file_delete_ratio=0.2
-        )
+        compact(orders, spark_after_a_truncate, target_file_size=128 * MiB, file_delete_ratio=0.2)
     table = catalog.load_table(ORDERS)
     assert applied_lsn(table) == Lsn(100)
-    assert dict((r[0], r[6]) for r in rows(table))[1] == "updated meanwhile"
+    assert [(r[0], r[6]) for r in rows(table)] == [(7, "after the truncate")]
     assert files(table) == listing  # the compaction's files were removed
 
 

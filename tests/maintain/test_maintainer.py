@@ -23,7 +23,7 @@ from tests.readers import read_with_duckdb
 from tests.sink.conftest import ORDERS
 from tests.sink.executor_files import write_orders
 
-from .conftest import arrow_ids, churn, files, rows
+from .conftest import arrow_ids, churn, delete_positions, files, rows
 
 QUIET = {
     "max_data_files": 1000,
@@ -203,10 +203,11 @@ def test_a_failed_step_between_batches_is_logged_not_raised(
 def test_a_table_the_apply_always_beats_is_held_through_its_maintenance(
     catalog: Catalog, orders: Table, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Beside the apply, a compaction commits only on the snapshot it planned on. On a
-    table where a batch commits before every compaction can, it loses; after two runs
-    that lost a race, the next run holds the table's lock from plan to commit, so it
-    lands (the batch waits for it) and the files stop growing."""
+    """Beside the apply, a compaction carries over what batches committed meanwhile,
+    but not a TRUNCATE (the files it rewrote are gone). On a table where such a batch
+    commits before every compaction can, it loses; after two runs that lost a race,
+    the next run holds the table's lock from plan to commit, so it lands (the batch
+    waits for it) and the files stop growing."""
     import threading
 
     import sparkapply.maintain.compact as compact_module
@@ -223,7 +224,9 @@ def test_a_table_the_apply_always_beats_is_held_through_its_maintenance(
         with locks.hold([ORDERS]):  # as the apply does, from plan to commit
             table = catalog.load_table(ORDERS)
             n = next(lsn)
-            commit_files(table, added=[write_orders(table, [n])], lsn=Lsn(n))
+            # Four files, so that the table is over its file count again.
+            added = [write_orders(table, [n * 10 + k]) for k in range(4)]
+            commit_files(table, added=added, truncate=True, lsn=Lsn(n))
 
     def a_batch_commits_first(name: str) -> None:  # just before the compaction commits
         thread = threading.Thread(target=batch)
@@ -251,3 +254,43 @@ def test_a_table_the_apply_always_beats_is_held_through_its_maintenance(
     assert again.compaction is not None and again.compaction.snapshot_id is not None
     assert not again.lost_race
     assert len(batches) == 4 and applied_lsn(catalog.load_table(ORDERS)) == Lsn(120)
+
+
+def test_batches_that_commit_during_a_compaction_do_not_make_it_hold(
+    catalog: Catalog, orders: Table, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that commits between a compaction's plan and its commit is carried
+    over: the run commits, loses no race, and the next run does not hold the table
+    (the apply never waits for a rewrite)."""
+    import sparkapply.maintain.compact as compact_module
+    from sparkapply.sink.locks import TableLocks
+
+    m = maintainer(catalog, spark, max_data_files=3)
+    m.locks = TableLocks()
+    where = churn(orders, 4)
+    lsn = iter(range(100, 200))
+
+    def a_batch_commits_first(name: str) -> None:
+        with m.locks.hold([ORDERS]):
+            table = catalog.load_table(ORDERS)
+            n = next(lsn)
+            path, pos = where[n - 99]  # ids 1, 2, ...: rows of files being rewritten
+            commit_files(
+                table,
+                added=[write_orders(table, [n])],
+                deletes=delete_positions(table, {path: [pos]}),
+                lsn=Lsn(n),
+            )
+
+    monkeypatch.setattr(compact_module, "failpoint", a_batch_commits_first)
+    before = {r[0] for r in rows(orders)}
+    report = m.run_due([ORDERS])[0]
+    assert report.compaction is not None and report.compaction.snapshot_id is not None
+    assert not report.lost_race and not m.holds(ORDERS, m.clock())
+    table = catalog.load_table(ORDERS)
+    assert applied_lsn(table) == Lsn(100)
+    assert {r[0] for r in rows(table)} == (before - {1}) | {100}
+    monkeypatch.setattr(compact_module, "failpoint", lambda name: None)
+    churn(table, 4, start_lsn=110)
+    again = m.run_due([ORDERS])[0]
+    assert again.compaction is not None and not again.lost_race
