@@ -3,6 +3,7 @@ LSN and schema unchanged; one replace snapshot; delete files folded; conflicts r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -132,9 +133,9 @@ def test_apply_commits_during_compaction_are_carried_over(
         lsn = 100
         for ids in ([12], [2, 45, 12]):
             deleted = [where[i] for i in ids]
-            by_file: dict[str, list[int]] = {}
+            by_file: dict[str, Sequence[int]] = {}
             for path, pos in deleted:
-                by_file.setdefault(path, []).append(pos)
+                by_file[path] = [*by_file.get(path, []), pos]
             added = write_orders(apply_table, [12], note=f"updated at {lsn}")
             commit_files(
                 apply_table,
@@ -161,7 +162,7 @@ def test_apply_commits_during_compaction_are_carried_over(
     assert got.pop(12)[6] == "updated at 101"
     del expected[12]
     assert got == expected
-    ids = sorted([*expected, 12])
+    ids = sorted(int(str(i)) for i in [*expected, 12])
     assert arrow_ids(read_with_duckdb(table)) == ids
     assert arrow_ids(read_with_iceberg_rust(table)) == ids
     assert planned.isdisjoint(f.path for f in current_data_files(table))  # all rewritten

@@ -266,12 +266,12 @@ def test_batches_that_commit_during_a_compaction_do_not_make_it_hold(
     from sparkapply.sink.locks import TableLocks
 
     m = maintainer(catalog, spark, max_data_files=3)
-    m.locks = TableLocks()
+    locks = m.locks = TableLocks()
     where = churn(orders, 4)
     lsn = iter(range(100, 200))
 
     def a_batch_commits_first(name: str) -> None:
-        with m.locks.hold([ORDERS]):
+        with locks.hold([ORDERS]):
             table = catalog.load_table(ORDERS)
             n = next(lsn)
             path, pos = where[n - 99]  # ids 1, 2, ...: rows of files being rewritten
