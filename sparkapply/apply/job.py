@@ -6,7 +6,9 @@ result per table, which the driver commits as one snapshot (``run/batch.py``).
 
 SMALL BATCHES
     A Spark job costs a tenth to a fifth of a second however small its tasks (the
-    job's scheduling, each task's trip to a Python worker and back). With
+    job's scheduling, each task's trip to a Python worker and back). A small batch
+    with more tables than the cluster has cores goes as one partition per core, each
+    folding several tables, so its trips come in one wave, not two (``slices``). With
     ``[apply] driver_fold_bytes`` set, a batch whose tasks read at most that much
     spool in all is folded here, in the driver's process, one task after another, by
     the same code the executors run; it writes a few small files, beside the
@@ -102,7 +104,29 @@ def run_tasks(
         # one transaction in an error).
         task = dataclasses.replace(task, txns=tuple(coalesced(task.txns)))
         expanded += [dataclasses.replace(task, partition=(i, n)) for i in range(n)]
-    ordered = sorted(expanded, key=lambda t: -task_bytes(t) // t.partition[1])
-    rdd = spark.sparkContext.parallelize(ordered, len(ordered))
-    results: list[TableResult] = rdd.map(run_table_task).collect()
+    groups = slices(expanded, parallelism, split_bytes)
+    rdd = spark.sparkContext.parallelize(groups, len(groups))
+    results: list[TableResult] = rdd.flatMap(run_group).collect()
     return merge_results(results)
+
+
+def slices(tasks: Sequence[TableTask], parallelism: int, split_bytes: int) -> list[list[TableTask]]:
+    """The job's partitions, biggest first (they bound the job): one per task; but a
+    small batch (under ``split_bytes`` in all) with more tasks than the cluster runs
+    at once is ``parallelism`` partitions of several tasks, balanced by bytes (see
+    SMALL BATCHES: a second wave of task trips would cost more than its folds)."""
+    ordered = sorted(tasks, key=lambda t: -task_bytes(t) // t.partition[1])
+    if len(ordered) <= parallelism or sum(task_bytes(t) for t in ordered) > split_bytes:
+        return [[t] for t in ordered]
+    groups: list[list[TableTask]] = [[] for _ in range(parallelism)]
+    loads = [0] * parallelism
+    for t in ordered:
+        i = loads.index(min(loads))
+        groups[i].append(t)
+        loads[i] += task_bytes(t) + 1  # + 1: empty tasks still spread
+    return groups
+
+
+def run_group(tasks: list[TableTask]) -> list[TableResult]:
+    """One partition's tasks, one after another (on an executor)."""
+    return [run_table_task(t) for t in tasks]

@@ -306,7 +306,16 @@ class Applier:
             state = planned[r.table]
             self._expire(state.table)
             self._applied[state.ident] = Lsn(r.last_commit_lsn)
-            self._states.pop(state.ident, None)
+            # The commit left the table object at the new snapshot: the next batch
+            # plans against it without reading the catalog (a load per table per
+            # batch was most of a small batch's planning). Another writer's commit
+            # makes the apply forget it (``_apply``, ``forget``).
+            self._states[state.ident] = contract.TableState(
+                state.ident,
+                state.table,
+                Lsn(r.last_commit_lsn),
+                state.table.metadata.current_snapshot_id,
+            )
             if r.table in shares:
                 stats.staged_rows += shares[r.table].rows
         stats.commit_seconds = time.monotonic() - commit_started

@@ -7,7 +7,7 @@ import dataclasses
 import pyarrow as pa
 
 from sparkapply.apply.fold.rowwise import TxnInput
-from sparkapply.apply.job import merge_results, partitions_for
+from sparkapply.apply.job import merge_results, partitions_for, slices
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.datafiles import DeleteFileInfo
@@ -77,3 +77,19 @@ def test_partition_results_merge_into_one_commit() -> None:
     assert merged["public.u"].tasks == 1
     failed = merge_results([*parts[:2], dataclasses.replace(parts[0], error=ApplyError("x"))])
     assert failed[0].error is not None
+
+
+def test_a_small_batch_of_many_tables_goes_in_one_wave() -> None:
+    tasks = [dataclasses.replace(task(n * 1000), table=f"public.t{n}") for n in (5, 1, 4, 2, 3)]
+    groups = slices(tasks, 2, 16 * MB)
+    assert len(groups) == 2  # one partition per core, every task in one of them
+    assert sorted(t.table for g in groups for t in g) == sorted(t.table for t in tasks)
+    loads = sorted(sum(int(t.table[-1]) for t in g) for g in groups)
+    assert loads == [7, 8]  # balanced by bytes: {5, 2, 1} and {4, 3}
+
+
+def test_a_big_or_narrow_batch_goes_one_task_per_partition() -> None:
+    big = [task(10 * MB), task(10 * MB), task(1 * MB)]
+    assert [len(g) for g in slices(big, 2, 16 * MB)] == [1, 1, 1]
+    few = [task(2 * MB), task(1 * MB)]
+    assert [g[0].txns[0].segments[0].nbytes for g in slices(few, 2, 16 * MB)] == [2 * MB, 1 * MB]
