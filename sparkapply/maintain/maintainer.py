@@ -67,9 +67,10 @@ T = TypeVar("T")
 
 SCHEDULER_POOL = "maintenance"
 
-# Runs in a row whose commit found the table moved by the apply before the next run
-# holds the table throughout: beside a steady stream of batches on a hot table, an
-# unlocked compaction would lose every race and the table's files would only grow.
+# Runs in a row whose commit found the table moved in a way a compaction cannot carry
+# over (``rebase.py``: a TRUNCATE, another process's rewrite) before the next run holds
+# the table throughout, so that the table's files do not only grow. Batches that only
+# add files and deletes are carried over: they no longer make a run lose.
 LOST_RACES_BEFORE_HOLDING = 2
 # A table that needed holding stays held for this long after: beside a steady stream
 # two unlocked runs in three lost their race (their work thrown away, on cores the
@@ -237,9 +238,8 @@ class Maintainer:
         self._tolerant = due_only
         guard = self._guard(ident)
         if self.holds(ident, now):
-            # A hot table: every batch commits before a compaction can, so this run
-            # holds the table from its plan to its last commit (the apply of that
-            # table waits for it, as it did when maintenance ran between batches).
+            # Its last runs lost their race: this run holds the table from its plan
+            # to its last commit (the apply of that table waits for it).
             with guard():
                 table = self.catalog.load_table(ident)
                 self._steps(report, ident, table, now, due, dry_run, contextlib.nullcontext)
