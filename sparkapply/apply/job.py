@@ -93,16 +93,16 @@ def run_tasks(
     bound the job); or, for a small batch, each task here (see SMALL BATCHES)."""
     if not tasks:
         return []
-    if sum(task_bytes(t) for t in tasks) <= driver_fold_bytes:
+    if driver_fold_bytes > 0 and sum(task_bytes(t) for t in tasks) <= driver_fold_bytes:
         return [_on_driver(t) for t in tasks]
     parallelism = spark.sparkContext.defaultParallelism
     expanded: list[TableTask] = []
     for task in tasks:
-        n = partitions_for(task, parallelism, split_bytes, max_tasks_per_table)
         # Back-to-back transactions travel as one input: one object to pickle and
         # unpickle instead of 20,000 (the executor splits a run again only to name
-        # one transaction in an error).
+        # one transaction in an error). A run spans its members' bytes exactly.
         task = dataclasses.replace(task, txns=tuple(coalesced(task.txns)))
+        n = partitions_for(task, parallelism, split_bytes, max_tasks_per_table)
         expanded += [dataclasses.replace(task, partition=(i, n)) for i in range(n)]
     groups = slices(expanded, parallelism, split_bytes)
     rdd = spark.sparkContext.parallelize(groups, len(groups))
@@ -115,15 +115,16 @@ def slices(tasks: Sequence[TableTask], parallelism: int, split_bytes: int) -> li
     small batch (under ``split_bytes`` in all) with more tasks than the cluster runs
     at once is ``parallelism`` partitions of several tasks, balanced by bytes (see
     SMALL BATCHES: a second wave of task trips would cost more than its folds)."""
-    ordered = sorted(tasks, key=lambda t: -task_bytes(t) // t.partition[1])
-    if len(ordered) <= parallelism or sum(task_bytes(t) for t in ordered) > split_bytes:
+    share = {id(t): task_bytes(t) // t.partition[1] for t in tasks}  # one key partition's
+    ordered = sorted(tasks, key=lambda t: -share[id(t)])
+    if len(ordered) <= parallelism or sum(share.values()) > split_bytes:
         return [[t] for t in ordered]
     groups: list[list[TableTask]] = [[] for _ in range(parallelism)]
     loads = [0] * parallelism
     for t in ordered:
         i = loads.index(min(loads))
         groups[i].append(t)
-        loads[i] += task_bytes(t) + 1  # + 1: empty tasks still spread
+        loads[i] += share[id(t)] + 1  # + 1: empty tasks still spread
     return groups
 
 

@@ -111,7 +111,7 @@ class _StagedShare:
         table may use them (``schema_id``: the batch only appends to it), else all of
         it."""
         segments = txn.segments
-        relations = tuple(r for rid, r in txn.relations.items() if rid in relids)
+        relations = _relations_of(txn, relids)
         use = (
             txn.staged.use(self.table, relids, schema_id)
             if txn.staged is not None and schema_id is not None
@@ -141,6 +141,16 @@ class _StagedShare:
         result = TableResult(self.table, last_commit_lsn=last_commit_lsn, path="staged")
         self.add_to(result)
         return result
+
+
+def _relations_of(txn: CommittedTxn, relids: frozenset[int]) -> tuple[m.Relation, ...]:
+    """``txn``'s relation cache entries of one table (called per transaction per
+    table: 80,000 times for a backlog of 20,000 pgbench transactions)."""
+    if len(relids) == 1:
+        (relid,) = relids
+        rel = txn.relations.get(relid)
+        return () if rel is None else (rel,)
+    return tuple(r for rid, r in txn.relations.items() if rid in relids)
 
 
 def _merged(a: BatchStats, b: BatchStats) -> BatchStats:
