@@ -25,6 +25,8 @@ The plan names the snapshot it was made against; the commit lands only on it.
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,12 +36,24 @@ import pyarrow.compute as pc
 
 from sparkapply.apply.write.parquet import read_parquet
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
-from sparkapply.sink.files import data_file_infos, delete_file_infos, live_files
+from sparkapply.sink.files import LiveFileCache, LiveFiles, data_file_infos, delete_file_infos
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
 SMALL_FILE_FRACTION = 0.75
+
+# Maintenance's listings of live files: a run reads only the manifests written since
+# the last one (a manifest never changes), where reading all of them was half of a
+# hot table's compaction (0.19 of 0.40 s for 56 manifests).
+_LISTINGS = LiveFileCache()
+_LISTINGS_LOCK = threading.Lock()
+
+
+def listing(table: Table) -> LiveFiles:
+    """The live files of ``table``'s current snapshot (as ``sink.files.live_files``)."""
+    with _LISTINGS_LOCK:
+        return _LISTINGS.live_files(table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +136,7 @@ def plan_compaction(
     base = table.metadata.current_snapshot_id
     if base is None:
         return None
-    live = live_files(table)
+    live = listing(table)
     data = data_file_infos(table, live)
     deletes = delete_file_infos(live)
     named = {d.path: _named_paths(d) for d in deletes}
@@ -166,8 +180,15 @@ def plan_compaction(
 
 
 def _named_paths(d: DeleteFileInfo) -> Counter[str]:
-    """How many positions ``d`` names in each data file."""
-    column = read_parquet(d.path, ["file_path"]).column("file_path")
+    """How many positions ``d`` names in each data file (not to be changed: kept)."""
+    return _named_in(d.path)
+
+
+# A delete file never changes: what it names is read once per process, not once per
+# plan (a hot table's plan named the same 15-30 delete files run after run).
+@functools.lru_cache(maxsize=8192)
+def _named_in(path: str) -> Counter[str]:
+    column = read_parquet(path, ["file_path"]).column("file_path")
     counts = pc.value_counts(column)
     return Counter(
         {str(v["values"]): int(v["counts"]) for v in counts.to_pylist() if v["values"] is not None}

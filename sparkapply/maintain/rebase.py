@@ -39,8 +39,9 @@ from pyiceberg.table import Table
 from sparkapply.apply.write.locate import DeletedPositions
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.datafiles import DeleteFileInfo, arrow_schema_of, data_directory
+from sparkapply.maintain.plan import listing
 from sparkapply.maintain.tasks import Moved
-from sparkapply.sink.files import delete_file_infos, live_files
+from sparkapply.sink.files import delete_file_infos
 
 
 def translate(
@@ -69,7 +70,7 @@ def carried_deletes(
     delete files added since the plan (live in ``table``'s current snapshot, not in
     ``planned_deletes``) delete; None when there are none."""
     planned = {d.path for d in planned_deletes}
-    new = [d for d in delete_file_infos(live_files(table)) if d.path not in planned]
+    new = [d for d in delete_file_infos(listing(table)) if d.path not in planned]
     if not new or not moved:
         return None
     found = DeletedPositions(new, list(moved))

@@ -1,4 +1,4 @@
-"""What expiry reads of a table's manifest lists and manifests, kept in this process.
+"""What expiry and rewrites read of manifest lists and manifests, kept in this process.
 
 Expiry (``maintenance.py``) reads the manifest list of every snapshot it expires and
 of every snapshot it keeps, and the entries of every manifest they list, to know which
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import ManifestEntryStatus, ManifestFile
+from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table.snapshots import Snapshot
 
 Entry = tuple[str, int, bool]
@@ -29,13 +29,31 @@ MAX_LISTS = 4096  # manifest lists: a tuple of pyiceberg's shared ManifestFile o
 MAX_ENTRIES = 500_000  # entries over all kept manifests (~100 bytes each)
 
 
+class _Kept(Generic[_V]):
+    """Lists kept by path, at most ``limit`` items over all of them (least recently
+    used out first); a list over a quarter of the limit is not kept."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.by_path: OrderedDict[str, list[_V]] = OrderedDict()
+        self.count = 0
+
+    def keep(self, path: str, values: list[_V]) -> None:
+        if len(values) > self.limit // 4 or path in self.by_path:
+            return
+        self.by_path[path] = values
+        self.count += len(values)
+        while self.count > self.limit:
+            _, old = self.by_path.popitem(last=False)
+            self.count -= len(old)
+
+
 class ManifestReads:
     def __init__(self, max_lists: int = MAX_LISTS, max_entries: int = MAX_ENTRIES) -> None:
         self.max_lists = max_lists
-        self.max_entries = max_entries
         self._lists: OrderedDict[str, tuple[ManifestFile, ...]] = OrderedDict()
-        self._entries: OrderedDict[str, list[Entry]] = OrderedDict()
-        self._entry_count = 0
+        self._entries: _Kept[Entry] = _Kept(max_entries)
+        self._live: _Kept[ManifestEntry] = _Kept(max_entries)
         self._lock = threading.Lock()  # expiry runs beside the apply and on it
         self.reads = 0  # files read (for tests)
 
@@ -56,7 +74,7 @@ class ManifestReads:
     def entries(self, manifest: ManifestFile, io: FileIO) -> list[Entry]:
         """Every file ``manifest``'s entries name, DELETED ones included."""
         path = manifest.manifest_path
-        found = _kept(self._entries, path, self._lock)
+        found = _kept(self._entries.by_path, path, self._lock)
         if found is not None:
             return found
         entries = [
@@ -69,12 +87,20 @@ class ManifestReads:
         ]
         with self._lock:
             self.reads += 1
-            if len(entries) <= self.max_entries // 4 and path not in self._entries:
-                self._entries[path] = entries
-                self._entry_count += len(entries)
-                while self._entry_count > self.max_entries:
-                    _, old = self._entries.popitem(last=False)
-                    self._entry_count -= len(old)
+            self._entries.keep(path, entries)
+        return entries
+
+    def live_entries(self, manifest: ManifestFile, io: FileIO) -> list[ManifestEntry]:
+        """``manifest``'s ADDED and EXISTING entries as pyiceberg reads them (a
+        rewrite carries them into its own manifests; not to be changed: kept)."""
+        path = manifest.manifest_path
+        found = _kept(self._live.by_path, path, self._lock)
+        if found is not None:
+            return found
+        entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
+        with self._lock:
+            self.reads += 1
+            self._live.keep(path, entries)
         return entries
 
 

@@ -56,6 +56,7 @@ from sparkapply.datafiles import DeleteFileInfo
 from sparkapply.errors import CommitConflictError, SinkError
 from sparkapply.sink.files import delete_paths
 from sparkapply.sink.footers import describe_rewritten
+from sparkapply.sink.manifest_reads import READS
 from sparkapply.sink.producer import SnapshotProducer, StagedChange, position_delete_file
 from sparkapply.sink.progress import LSN_SUMMARY_KEY
 from sparkapply.sink.tables import table_name
@@ -176,11 +177,9 @@ def _live_entries(
 ) -> LiveEntries:
     """The parent's live entries; every file to remove must be one of them."""
     live: LiveEntries = {ManifestContent.DATA: [], ManifestContent.DELETES: []}
-    for manifest in parent.manifests(table.io):
+    for manifest in READS.manifests(parent, table.io):
         if manifest.has_added_files() or manifest.has_existing_files():
-            live[manifest.content].extend(
-                manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-            )
+            live[manifest.content].extend(READS.live_entries(manifest, table.io))
     found = {e.data_file.file_path for entries in live.values() for e in entries} & removed
     if missing := sorted(removed - found):
         raise CommitConflictError(

@@ -52,7 +52,7 @@ def test_the_reads_are_bounded(orders: Table) -> None:
         for manifest in reads.manifests(snapshot, orders.io):
             reads.entries(manifest, orders.io)
     assert len(reads._lists) == 2
-    assert reads._entry_count <= 8
+    assert reads._entries.count <= 8
     done = reads.reads
     newest = orders.metadata.snapshots[-1]
     reads.manifests(newest, orders.io)  # kept: not read again
