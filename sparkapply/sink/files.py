@@ -17,7 +17,10 @@ THE LISTING CACHE
     lists it, whoever wrote the snapshot: after our own row delta, one or two manifests
     are new; after a compaction or a manifest merge by maintenance or another engine,
     the ones it wrote. There is nothing to invalidate, only manifests no longer listed
-    to drop; a restart starts empty and reads each manifest once.
+    to drop; a restart starts empty and reads each manifest once. The entries
+    themselves come from the process's manifest reads (``manifest_reads.py``), so the
+    apply, maintenance's plan and a rewrite's commit parse a manifest once between
+    them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pyiceberg.types import PrimitiveType
 
 from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID, DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SinkError
+from sparkapply.sink.manifest_reads import READS
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +153,7 @@ class _ManifestFiles:
 
 def _read_manifest(table: Table, manifest: ManifestFile) -> _ManifestFiles:
     files = _ManifestFiles([], [])
-    for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+    for entry in READS.live_entries(manifest, table.io):
         f = entry.data_file
         if f.content == DataFileContent.DATA:
             files.data.append(f)
@@ -184,7 +188,7 @@ class LiveFileCache:
             return []
         known = self._tables.get(key, {})
         listed: dict[str, _ManifestFiles] = {}
-        for manifest in snapshot.manifests(table.io):
+        for manifest in READS.manifests(snapshot, table.io):
             if not (manifest.has_added_files() or manifest.has_existing_files()):
                 continue
             path = manifest.manifest_path
