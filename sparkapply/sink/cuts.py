@@ -68,7 +68,7 @@ from sparkapply.errors import CommitConflictError, CutError, SinkError
 from sparkapply.lsn import Lsn
 from sparkapply.sink.atomic import commit_together
 from sparkapply.sink.commit import StagedSnapshot, commit_files, commit_staged, stage_files
-from sparkapply.sink.files import current_data_files, current_snapshot_id
+from sparkapply.sink.files import current_snapshot_id
 from sparkapply.sink.producer import StagedChange
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.tables import TableIdentifier, ensure_table, table_name
@@ -295,9 +295,9 @@ class CutLog:
             cuts = kept(self._cuts, now, self.retain_seconds)
             self._cuts = cuts
         path = self._write(cuts)
-        removed = sorted(f.path for f in current_data_files(self.table))
         last = applied_lsn(self.table) or Lsn(0)
-        commit_files(self.table, added=[path], removed=removed, lsn=Lsn(int(last) + 1))
+        # Every file the table has is replaced (as a TRUNCATE): no listing to read.
+        commit_files(self.table, added=[path], truncate=True, lsn=Lsn(int(last) + 1))
         logger.info("cuts table %s: %d cuts kept", table_name(self.table), len(cuts))
 
     def _write(self, cuts: Sequence[Cut]) -> str:

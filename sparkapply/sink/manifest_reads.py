@@ -27,6 +27,9 @@ _V = TypeVar("_V")
 
 MAX_LISTS = 4096  # manifest lists: a tuple of pyiceberg's shared ManifestFile objects
 MAX_ENTRIES = 500_000  # entries over all kept manifests (~100 bytes each)
+# pyiceberg's ManifestEntry objects (a DataFile with its bounds: ~1-2 kB each); the
+# manifests current snapshots list are held by the listings anyway (files.py).
+MAX_LIVE_ENTRIES = 100_000
 
 
 class _Kept(Generic[_V]):
@@ -49,11 +52,16 @@ class _Kept(Generic[_V]):
 
 
 class ManifestReads:
-    def __init__(self, max_lists: int = MAX_LISTS, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(
+        self,
+        max_lists: int = MAX_LISTS,
+        max_entries: int = MAX_ENTRIES,
+        max_live_entries: int = MAX_LIVE_ENTRIES,
+    ) -> None:
         self.max_lists = max_lists
         self._lists: OrderedDict[str, tuple[ManifestFile, ...]] = OrderedDict()
         self._entries: _Kept[Entry] = _Kept(max_entries)
-        self._live: _Kept[ManifestEntry] = _Kept(max_entries)
+        self._live: _Kept[ManifestEntry] = _Kept(max_live_entries)
         self._lock = threading.Lock()  # expiry runs beside the apply and on it
         self.reads = 0  # files read (for tests)
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
+from sparkapply.sink.manifest_reads import READS
 from sparkapply.sink.producer import SnapshotProducer
 
 
@@ -70,11 +71,16 @@ class RowDelta(SnapshotProducer):
             )
             if files
         ]
+        if not self._remove_all:
+            return [*manifests, *self.parent_manifests()]
+        # Every live entry of the parent as DELETED, in one manifest per content: one
+        # per parent manifest was a manifest written per batch the table ever took
+        # since its last merge (the cuts table's rewrite: 64 of them, half a second).
+        removed: dict[ManifestContent, list[ManifestEntry]] = {}
         for manifest in self.parent_manifests():
-            if not self._remove_all:
-                manifests.append(manifest)
-                continue
-            entries = manifest.fetch_manifest_entry(self.io, discard_deleted=True)
-            if entries:
-                manifests.append(self._write_manifest(manifest.content, carried=entries))
-        return manifests
+            removed.setdefault(manifest.content, []).extend(READS.live_entries(manifest, self.io))
+        return manifests + [
+            self._write_manifest(content, carried=entries)
+            for content, entries in removed.items()
+            if entries
+        ]

@@ -59,3 +59,23 @@ def test_the_reads_are_bounded(orders: Table) -> None:
     assert reads.reads == done
     reads.manifests(orders.metadata.snapshots[0], orders.io)  # evicted: read again
     assert reads.reads == done + 1
+
+
+def test_live_entries_are_parsed_once_and_bounded(orders: Table) -> None:
+    """The listings and a rewrite's commit take a manifest's live entries from one
+    read; what is kept equals a fresh read, and stays within its bound."""
+    _commits(orders, 1, 6)
+    snapshot = orders.current_snapshot()
+    assert snapshot is not None
+    reads = ManifestReads(max_live_entries=8)
+    manifests = reads.manifests(snapshot, orders.io)
+    first = [reads.live_entries(m, orders.io) for m in manifests]
+    done = reads.reads
+    again = [reads.live_entries(m, orders.io) for m in manifests]
+    assert reads.reads == done
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    fresh = [m.fetch_manifest_entry(orders.io, discard_deleted=True) for m in manifests]
+    assert [[e.data_file.file_path for e in x] for x in first] == [
+        [e.data_file.file_path for e in x] for x in fresh
+    ]
+    assert reads._live.count <= 8
