@@ -131,30 +131,6 @@ def compact(
     return outcome
 
 
-def _head(
-    table: Table, plan: CompactionPlan, results: list[TaskResult]
-) -> tuple[int, DeleteFileInfo | None]:
-    """The snapshot to commit on (the table's current one, read again under the
-    lock) and, if batches committed since the plan, the delete file that carries
-    their deletes of rewritten rows over to the new files (``rebase.py``)."""
-    try:
-        table.refresh()
-        head = table.metadata.current_snapshot_id
-        if head is None or head == plan.base_snapshot_id:
-            return plan.base_snapshot_id, None
-        moved = {path: m for r in results for path, m in r.moved.items()}
-        return head, carried_deletes(table, plan.delete_files, moved)
-    except SparkapplyError:
-        raise
-    except Exception as exc:
-        raise CommitConflictError(
-            f"cannot carry the rewrite over to the table's new snapshot: "
-            f"{type(exc).__name__}: {exc}",
-            table=table_name(table),
-            hint="nothing was committed; plan the rewrite again (retried at the next run)",
-        ) from exc
-
-
 def _tasks(
     table: Table, plan: CompactionPlan, target_file_size: int
 ) -> list[RewriteTask | MergeDeletesTask]:
@@ -177,3 +153,27 @@ def _run_job(spark: SparkSession, tasks: list[RewriteTask | MergeDeletesTask]) -
     rdd = spark.sparkContext.parallelize(tasks, len(tasks))
     results: list[TaskResult] = rdd.map(run_task).collect()
     return results
+
+
+def _head(
+    table: Table, plan: CompactionPlan, results: list[TaskResult]
+) -> tuple[int, DeleteFileInfo | None]:
+    """The snapshot to commit on (the table's current one, read again under the
+    lock) and, if batches committed since the plan, the delete file that carries
+    their deletes of rewritten rows over to the new files (``rebase.py``)."""
+    try:
+        table.refresh()
+        head = table.metadata.current_snapshot_id
+        if head is None or head == plan.base_snapshot_id:
+            return plan.base_snapshot_id, None
+        moved = {path: m for r in results for path, m in r.moved.items()}
+        return head, carried_deletes(table, plan.delete_files, moved)
+    except SparkapplyError:
+        raise
+    except Exception as exc:
+        raise CommitConflictError(
+            f"cannot carry the rewrite over to the table's new snapshot: "
+            f"{type(exc).__name__}: {exc}",
+            table=table_name(table),
+            hint="nothing was committed; plan the rewrite again (retried at the next run)",
+        ) from exc
