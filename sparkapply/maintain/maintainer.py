@@ -53,6 +53,7 @@ from sparkapply.sink.maintenance import (
     expire_and_delete,
     sweep_orphans,
 )
+from sparkapply.sink.manifest_reads import READS
 from sparkapply.sink.rewrite import commit_rewrite
 from sparkapply.sink.tables import TableIdentifier
 
@@ -398,7 +399,7 @@ class Maintainer:
         snapshot = table.current_snapshot()
         if snapshot is None:
             return (0, 0)
-        manifests = snapshot.manifests(table.io)
+        manifests = READS.manifests(snapshot, table.io)
         contents = {m.content for m in manifests}
         if len(manifests) <= len(contents):
             return (len(manifests), len(manifests))
@@ -410,11 +411,11 @@ class Maintainer:
             table.refresh()
             head = table.current_snapshot()
             assert head is not None
-            manifests = head.manifests(table.io)
+            manifests = READS.manifests(head, table.io)  # the commit reads the same list
             commit_rewrite(table, base_snapshot_id=head.snapshot_id)
         after = table.current_snapshot()
         assert after is not None
-        return (len(manifests), len(after.manifests(table.io)))
+        return (len(manifests), len(READS.manifests(after, table.io)))
 
     def _step(self, report: MaintenanceReport, step: Callable[[], T]) -> T | None:
         """Run one step; a transient failure (a concurrent commit) is left for the

@@ -20,6 +20,7 @@ FAILURE AND RESTART
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -320,11 +321,10 @@ class Applier:
             # plans against it without reading the catalog (a load per table per
             # batch was most of a small batch's planning). Another writer's commit
             # makes the apply forget it (``_apply``, ``forget``).
-            self._states[state.ident] = contract.TableState(
-                state.ident,
-                state.table,
-                Lsn(r.last_commit_lsn),
-                state.table.metadata.current_snapshot_id,
+            self._states[state.ident] = dataclasses.replace(
+                state,
+                applied=Lsn(r.last_commit_lsn),
+                snapshot_id=state.table.metadata.current_snapshot_id,
             )
             if r.table in shares:
                 stats.staged_rows += shares[r.table].rows
