@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+import sparkapply.copy.driver as copy_driver
 from sparkapply.cli import main as cli_main
 from sparkapply.commands.resync import resync
 from sparkapply.errors import PublicationError, SlotError
@@ -73,7 +74,9 @@ def test_existing_rows_are_copied_then_streamed(mirror: Mirror) -> None:
 
 
 @pytest.mark.slow
-def test_million_rows_copied_while_the_publisher_writes(mirror: Mirror) -> None:
+def test_million_rows_copied_while_the_publisher_writes(
+    mirror: Mirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Inserts, updates and deletes from another connection during the whole copy: they
     commit before and after the slot's snapshot, and while the slices are read."""
     rows = 1_000_000
@@ -117,12 +120,22 @@ def test_million_rows_copied_while_the_publisher_writes(mirror: Mirror) -> None:
     def copied() -> bool:
         return sub._copier is not None and bool(sub._copier.reports)
 
+    began = [0]  # commits when the subscriber started
+
+    def copy_lands_after_writes(name: str) -> None:
+        # A loaded machine starves the writer while COPY takes both cores: the copy
+        # commits only once more than 50 writes landed since the subscriber started
+        # (all after the slot's snapshot, before the copy's snapshot lands).
+        if name == "copy-before-commit":
+            wait_until(lambda: len(commits) - began[0] > 50 or bool(errors), "writes")
+
+    monkeypatch.setattr(copy_driver, "failpoint", copy_lands_after_writes)
     writing = threading.Thread(target=writer)
     streaming = threading.Thread(target=subscriber)
     writing.start()
     try:
         wait_until(lambda: len(commits) > 20 or bool(errors), "the writer to start")
-        before = len(commits)
+        before = began[0] = len(commits)
         streaming.start()  # creates the slot and copies while the writer runs
         wait_until(lambda: copied() or bool(errors), "the copy")
         during = len(commits) - before
