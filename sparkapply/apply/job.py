@@ -42,8 +42,8 @@ def task_bytes(task: TableTask) -> int:
 def partitions_for(task: TableTask, parallelism: int, split_bytes: int, cap: int) -> int:
     """How many tasks fold ``task``'s table: one, unless it is keyed, not insert-only
     and big; then one per ``split_bytes``, at most the cluster's parallelism (or
-    ``cap``)."""
-    if task.insert_only or not task.keyed or split_bytes <= 0:
+    ``cap``). Staged pieces are composed by one task: they are netted already."""
+    if task.insert_only or not task.keyed or task.staged or split_bytes <= 0:
         return 1
     limit = cap if cap > 0 else parallelism
     return max(1, min(limit, math.ceil(task_bytes(task) / split_bytes)))
@@ -65,6 +65,7 @@ def merge_results(results: Sequence[TableResult]) -> list[TableResult]:
         into.rows_written += r.rows_written
         into.rows_removed += r.rows_removed
         into.truncated = into.truncated or r.truncated
+        into.unstaged = into.unstaged or r.unstaged
         into.last_commit_lsn = max(into.last_commit_lsn, r.last_commit_lsn)
         into.seconds = max(into.seconds, r.seconds)
         into.tasks += r.tasks

@@ -13,7 +13,11 @@ Four paths, chosen per table and batch by :func:`~sparkapply.apply.fold.path.cho
 - the row-wise fold (``fold/rowwise.py``) for what the vectorised folds leave to it (a
   key change with unchanged TOAST values, key columns that change mid-batch, a table
   without identity that was truncated, identities mixed in one transaction), with
-  the same merge-on-read output.
+  the same merge-on-read output;
+- staged keyed: a streamed transaction's pieces, netted by key while it arrived,
+  composed with the keyed fold of the rest of its spool (``fold/staged.py``); when
+  they do not compose the result says ``unstaged`` and the driver applies the
+  transaction from the spool.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from sparkapply.apply.fold.full import FullEffect, fold_full
 from sparkapply.apply.fold.keyed import NetEffect, fold_keyed
 from sparkapply.apply.fold.path import FoldPath, NeedsRowFold, choose_path
 from sparkapply.apply.fold.rowwise import TableDelta, TxnInput, fold_table
+from sparkapply.apply.fold.staged import composed_removes
 from sparkapply.apply.write.effect import (
     Target,
     WriteResult,
@@ -38,6 +43,7 @@ from sparkapply.apply.write.effect import (
     write_full_effect,
 )
 from sparkapply.apply.write.parquet import TableWriter
+from sparkapply.changes.staged import PieceFiles
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import InternalError, SparkapplyError
 from sparkapply.lsn import format_lsn
@@ -59,6 +65,9 @@ class TableTask:
     insert_only: bool = False  # no txn of the batch updates, deletes or truncates it
     partition: tuple[int, int] = (0, 1)  # (index, count): the keys this task owns
     identity: Identity = "key"
+    # Pieces staged by key while the (one) transaction arrived; ``txns`` holds the
+    # rest of its spool (fold/staged.py).
+    staged: tuple[PieceFiles, ...] = ()
 
     @property
     def keyed(self) -> bool:
@@ -78,6 +87,9 @@ class TableResult:
     n_updates: int = 0
     n_deletes: int = 0
     truncated: bool = False
+    # The staged pieces do not compose (fold/staged.py): nothing was written, and
+    # the driver applies the transaction from the spool.
+    unstaged: bool = False
     last_commit_lsn: int = 0
     path: str = ""  # which path applied it: insert-only, keyed, row-wise
     partition: int = 0
@@ -155,6 +167,9 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
         result.n_changes = result.n_inserts = n_changes
         result.path = path.value
         return
+    if path is FoldPath.STAGED_KEYED:
+        _compose_staged(task, result, writer, started)
+        return
     try:
         effect = _fold(path, task)
     except NeedsRowFold:
@@ -177,6 +192,39 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
             result.n_deletes = effect.n_deletes
     result.truncated = effect.truncated
     result.path = path.value
+
+
+def _compose_staged(
+    task: TableTask, result: TableResult, writer: TableWriter, started: float
+) -> None:
+    """The remainder's fold with the staged pieces' removes, or ``unstaged``."""
+    result.path = FoldPath.STAGED_KEYED.value
+    try:
+        effect = fold_keyed(
+            task.relation_ids,
+            task.txns,
+            schema=task.schema,
+            key_names=task.key_names,
+            proto_version=task.proto_version,
+            streaming=task.streaming,
+            table=task.table,
+        )
+    except NeedsRowFold:
+        result.unstaged = True
+        return
+    removes = None if effect.truncated else composed_removes(task.staged, effect, task.key_names)
+    if removes is None:
+        result.unstaged = True
+        return
+    effect.remove_keys = removes
+    folded = time.perf_counter()
+    result.timings["fold"] = folded - started
+    result.take(_write(effect, task, writer))
+    result.timings["locate"] = time.perf_counter() - folded - writer.seconds
+    result.n_changes = effect.n_changes
+    result.n_inserts = effect.n_inserts
+    result.n_updates = effect.n_updates
+    result.n_deletes = effect.n_deletes
 
 
 def _fold(path: FoldPath, task: TableTask) -> NetEffect | FullEffect | TableDelta:

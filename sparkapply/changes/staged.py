@@ -20,6 +20,10 @@ from sparkapply.pgoutput import messages as m
 RelationsAt: TypeAlias = Callable[[int], tuple[m.Relation, ...]]
 """The relation cache entries a streamed transaction had in effect at a spool offset."""
 
+PieceFiles: TypeAlias = tuple[tuple[str, ...], str | None]
+"""One staged piece of a keyed table: its data files (the piece's final rows) and its
+removes file (the keys of the pre-transaction rows it replaces), if any."""
+
 
 @dataclass(frozen=True, slots=True)
 class ClosedChunk:
@@ -52,6 +56,9 @@ class StagedShare(Protocol):
     @property
     def relations(self) -> tuple[m.Relation, ...]: ...  # in effect where it starts
 
+    @property
+    def keyed(self) -> tuple[PieceFiles, ...]: ...  # empty: the files only insert
+
 
 class Staged(Protocol):
     """The staging of one committed streamed transaction (``CommittedTxn.staged``).
@@ -61,8 +68,12 @@ class Staged(Protocol):
     returned must outlive the commit that references them).
     """
 
-    def use(self, table: str, relation_ids: frozenset[int], schema_id: int) -> StagedShare | None:
-        """The staged files of ``table`` if the apply may commit them as they are."""
+    def use(
+        self, table: str, relation_ids: frozenset[int], schema_id: int, *, keyed: bool = False
+    ) -> StagedShare | None:
+        """The staged files of ``table`` if the apply may commit them as they are
+        (``keyed``: also pieces that update or delete, whose removes the apply
+        locates; the transaction is then the batch's only one on the table)."""
         ...
 
     def finish(self, used: set[str]) -> None:

@@ -34,6 +34,7 @@ from sparkapply import collector
 from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.job import run_tasks
 from sparkapply.apply.tasks import TableResult, TableTask
+from sparkapply.changes.staged import PieceFiles
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.convert.schema import relation_identifier
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, arrow_schema_of, data_directory
@@ -104,17 +105,24 @@ class _StagedShare:
         self.files: list[str] = []
         self.rows = 0
         self.changes = 0
+        self.keyed: tuple[PieceFiles, ...] = ()  # pieces the task composes (fold/staged.py)
 
     def input(
-        self, ordinal: int, txn: CommittedTxn, relids: frozenset[int], schema_id: int | None
+        self,
+        ordinal: int,
+        txn: CommittedTxn,
+        relids: frozenset[int],
+        schema_id: int | None,
+        *,
+        keyed: bool = False,
     ) -> TxnInput:
         """The task's share of ``txn``: the spool after its staged pieces when the
-        table may use them (``schema_id``: the batch only appends to it), else all of
-        it."""
+        table may use them (``schema_id``: the batch only appends to it, or, with
+        ``keyed``, ``txn`` is its only transaction in the batch), else all of it."""
         segments = txn.segments
         relations = _relations_of(txn, relids)
         use = (
-            txn.staged.use(self.table, relids, schema_id)
+            txn.staged.use(self.table, relids, schema_id, keyed=keyed)
             if txn.staged is not None and schema_id is not None
             else None
         )
@@ -124,6 +132,7 @@ class _StagedShare:
             self.files += use.files
             self.rows += use.rows
             self.changes += use.changes
+            self.keyed += use.keyed
         return TxnInput(
             ordinal=ordinal,
             xid=txn.xid,
@@ -136,7 +145,8 @@ class _StagedShare:
         result.added = [*result.added, *self.files]
         result.rows_written += self.rows
         result.n_changes += self.changes
-        result.n_inserts += self.changes
+        if not self.keyed:  # a keyed piece's changes are not only inserts
+            result.n_inserts += self.changes
 
     def result(self, last_commit_lsn: int) -> TableResult:
         result = TableResult(self.table, last_commit_lsn=last_commit_lsn, path="staged")
@@ -275,24 +285,29 @@ class Applier:
         for tp in plan.tables:
             state = planned[tp.name] = loaded[tp.ident]
             staged = _StagedShare(tp.name)
-            schema_id = state.table.schema().schema_id if tp.insert_only else None
-            txns = tuple(staged.input(o, batch[o], tp.relation_ids, schema_id) for o in tp.ordinals)
-            if staged.files:
+            txns = self._inputs(tp, state, batch, staged)
+            if staged.files or staged.keyed:
                 used.update(staged.files)
                 shares[tp.name] = staged
-                if not any(t.segments for t in txns):  # all of it staged: no task
+                if not staged.keyed and not any(t.segments for t in txns):
                     direct.append(staged.result(max(t.commit_lsn for t in txns)))
-                    continue
-            tasks.append(self._task(tp, state, txns))
+                    continue  # all of it staged: no task
+            tasks.append(self._task(tp, state, txns, staged.keyed))
         job_started = time.monotonic()
         stats.plan_seconds = job_started - stats.started
-        results = run_tasks(
-            self.spark,
-            tasks,
-            split_bytes=self.split_bytes,
-            max_tasks_per_table=self.max_tasks_per_table,
-            driver_fold_bytes=self.driver_fold_bytes,
-        )
+        results = self._run(tasks)
+        unstaged = {r.table for r in results if r.unstaged}
+        if unstaged:  # staged pieces that do not compose: from the spool, as unstaged
+            log.info("applying %s from the spool: its staged pieces do not compose", unstaged)
+            for name in unstaged:
+                used.difference_update(shares.pop(name).files)
+            again = [tp for tp in plan.tables if tp.name in unstaged]
+            results = [r for r in results if not r.unstaged] + self._run(
+                [
+                    self._task(tp, planned[tp.name], self._inputs(tp, planned[tp.name], batch))
+                    for tp in again
+                ]
+            )
         stats.job_seconds = time.monotonic() - job_started
         for r in results:
             share = shares.get(r.table)
@@ -336,8 +351,40 @@ class Applier:
         stats.finished = time.monotonic()
         return stats
 
+    def _inputs(
+        self,
+        tp: TablePlan,
+        state: contract.TableState,
+        batch: Sequence[CommittedTxn],
+        staged: _StagedShare | None = None,
+    ) -> tuple[TxnInput, ...]:
+        """The table's transactions as its task reads them: with ``staged``, less what
+        the pieces staged while they arrived, when the table may use them (the batch
+        only appends to it; or its one transaction in the batch, keyed, updates it)."""
+        share = staged or _StagedShare(tp.name)
+        keyed = staged is not None and tp.identity == "key" and len(tp.ordinals) == 1
+        usable = staged is not None and (tp.insert_only or keyed)
+        schema_id = state.table.schema().schema_id if usable else None
+        return tuple(
+            share.input(o, batch[o], tp.relation_ids, schema_id, keyed=keyed and not tp.insert_only)
+            for o in tp.ordinals
+        )
+
+    def _run(self, tasks: list[TableTask]) -> list[TableResult]:
+        return run_tasks(
+            self.spark,
+            tasks,
+            split_bytes=self.split_bytes,
+            max_tasks_per_table=self.max_tasks_per_table,
+            driver_fold_bytes=self.driver_fold_bytes,
+        )
+
     def _task(
-        self, tp: TablePlan, state: contract.TableState, txns: tuple[TxnInput, ...]
+        self,
+        tp: TablePlan,
+        state: contract.TableState,
+        txns: tuple[TxnInput, ...],
+        staged: tuple[PieceFiles, ...] = (),
     ) -> TableTask:
         table = state.table
         data_files: list[DataFileInfo] = []
@@ -358,6 +405,7 @@ class Applier:
             proto_version=self.proto_version,
             streaming=self.streaming,
             insert_only=tp.insert_only,
+            staged=staged,
         )
 
     def _commit(

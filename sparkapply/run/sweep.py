@@ -36,7 +36,7 @@ def sweep_staged(work_dir: Path, catalog: Catalog) -> int:
         for record in staged_records(prepared_dir(work_dir))
         for piece in (read_record(record) or [])
         for t in piece.tables
-        for f in t.files
+        for f in t.written()
     }
     by_table: dict[str, list[str]] = {}
     entries = sorted(root.iterdir())

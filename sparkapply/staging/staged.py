@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkapply.changes.spool import SpoolSegment
+from sparkapply.changes.staged import PieceFiles
 from sparkapply.errors import SparkapplyError
 from sparkapply.pgoutput import messages as m
 from sparkapply.staging.piece import StageResult
@@ -37,6 +38,10 @@ class StagedUse:
     changes: int
     remainder: tuple[SpoolSegment, ...]  # the spool still to read
     relations: tuple[m.Relation, ...]  # the descriptions in effect where it starts
+    # Asked for keyed (the apply composes the pieces): every piece's files, in order,
+    # for the task to locate the removes and check the pieces compose
+    # (apply/fold/staged.py). Empty: the files only insert, committed as they are.
+    keyed: tuple[PieceFiles, ...] = ()
 
 
 @dataclass(slots=True)
@@ -73,8 +78,11 @@ class StagedWork:
             self._results = results
         return None if self._failed else self._results
 
-    def use(self, table: str, relation_ids: frozenset[int], schema_id: int) -> StagedUse | None:
-        """The staged files of ``table`` if the apply may commit them as they are."""
+    def use(
+        self, table: str, relation_ids: frozenset[int], schema_id: int, *, keyed: bool = False
+    ) -> StagedUse | None:
+        """The staged files of ``table`` if the apply may commit them as they are;
+        with ``keyed``, also pieces that update or delete it (see :class:`StagedUse`)."""
         for piece in self.pieces:
             if not (relation_ids & piece.touched) <= piece.covered:
                 return None  # a piece did not stage the table (it did not exist yet)
@@ -82,6 +90,7 @@ class StagedWork:
         if not results:
             return None
         files: list[str] = []
+        parts: list[PieceFiles] = []
         rows = changes = 0
         for result in results:
             for staged in result.tables:
@@ -89,18 +98,30 @@ class StagedWork:
                     continue
                 if staged.mutated or staged.schema_id != schema_id:
                     return None
+                if staged.keyed and not keyed:
+                    return None
                 files += staged.files
+                parts.append((tuple(staged.files), staged.removes))
                 rows += staged.rows
                 changes += staged.changes
         start = self.staged_end
         remainder = (SpoolSegment(self.path, start, self.end),) if self.end > start else ()
-        return StagedUse(tuple(files), rows, changes, remainder, self.relations_at(start))
+        return StagedUse(
+            tuple(files),
+            rows,
+            changes,
+            remainder,
+            self.relations_at(start),
+            # Asked for keyed, even inserting pieces are composed: the remainder may
+            # update what they inserted.
+            keyed=tuple(parts) if keyed else (),
+        )
 
     def finish(self, used: set[str]) -> None:
         """The transaction's batch is committed: delete the staged files it did not
         use, and the journal."""
         results = self.results()
-        delete_files([f for r in results for t in r.tables for f in t.files if f not in used])
+        delete_files([f for r in results for t in r.tables for f in t.written() if f not in used])
         for result in results:
             forget_journal(result)
         if self.record is not None:

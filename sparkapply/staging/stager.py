@@ -13,13 +13,22 @@ WHY
 
 WHAT IS SPECULATIVE
     The spool stays the truth until the commit: a staged file is only used when the
-    apply would have written exactly it. At apply time, for a table of the transaction:
-    the batch appends only to it (no transaction of the batch updates, deletes or
-    truncates it), every piece that touched it holds only inserts, and the table's
-    schema is still the one the files were written in. Then the pieces' files are
-    committed as they are, and only the spool after the last piece (the *remainder*)
-    is read; when nothing remains, no Spark job runs at all. Otherwise the files are
-    deleted and the whole transaction is applied from the spool.
+    apply would have written exactly it. A piece writes a table's inserts as data
+    files; for a keyed table it updates or deletes, it writes its net effect by key
+    (``piece.py``). At apply time, for a table of the transaction, the table's schema
+    must still be the one the files were written in, and:
+
+    - pieces that only insert: the batch appends only to the table (no transaction
+      of the batch updates, deletes or truncates it). Then the pieces' files are
+      committed as they are, and only the spool after the last piece (the
+      *remainder*) is read; when nothing remains, no Spark job runs at all.
+    - otherwise: the transaction is the batch's only one on the table, and the task
+      folds the remainder, checks that the pieces compose (no key put by one piece
+      and replaced by a later one) and locates what they replace
+      (``apply/fold/staged.py``); if they do not compose, the driver applies the
+      transaction from the spool in a second job.
+
+    Else the files are deleted and the whole transaction is applied from the spool.
 
 ABORTS, DDL
     A subtransaction abort truncates the spool at the subtransaction's first change
@@ -287,15 +296,23 @@ class Stager:
                 groups.setdefault(self.identifier(rel), set()).add(rid)
         out = []
         for ident, rids in sorted(groups.items()):
-            if rids & mutated:
-                continue
+            keys = _key_of([by_id[rid] for rid in sorted(rids)])
+            changed = bool(rids & mutated)
+            if changed and not keys:
+                continue  # updates without a key to net them by: applied from the spool
             if ident not in state.tables:
                 state.tables[ident] = self._describe(ident, frozenset(rids))
             table = state.tables[ident]
             if table is not None:
                 out.append(
                     StageTable(
-                        table.name, frozenset(rids), table.schema, table.schema_id, table.data_dir
+                        table.name,
+                        frozenset(rids),
+                        table.schema,
+                        table.schema_id,
+                        table.data_dir,
+                        key_names=keys,
+                        mutated=changed,
                     )
                 )
         return tuple(out)
@@ -343,9 +360,19 @@ class Stager:
     def _forget(fut: Future[StageResult]) -> None:
         with contextlib.suppress(Exception):
             result = fut.result()
-            delete_files([f for t in result.tables for f in t.files])
+            delete_files([f for t in result.tables for f in t.written()])
             if result.error is None:  # else the files are unknown: the next start sweeps
                 forget_journal(result)
+
+
+def _key_of(relations: Sequence[m.Relation]) -> tuple[str, ...]:
+    """The key a table's changes are netted by, if its relations agree on one (none
+    for REPLICA IDENTITY FULL or no identity: only its inserts can be staged)."""
+    keys = {
+        () if r.replica_identity == "f" else tuple(c.name for c in r.columns if c.is_key)
+        for r in relations
+    }
+    return keys.pop() if len(keys) == 1 else ()
 
 
 def _recorded(record: Path) -> list[Piece] | None:

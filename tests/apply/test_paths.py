@@ -56,6 +56,11 @@ def test_one_function_chooses_the_path(
     assert choose_path(task(tmp_path, identity=identity, insert_only=insert_only)) is path
 
 
+def test_staged_pieces_take_their_own_path(tmp_path: Path) -> None:
+    staged = task(tmp_path, staged=(((str(tmp_path / "a.parquet"),), None),))
+    assert choose_path(staged) is FoldPath.STAGED_KEYED
+
+
 def test_what_the_keyed_fold_cannot_net_is_applied_row_wise(tmp_path: Path) -> None:
     """An array key: the keyed fold says it cannot, the row-wise fold applies it."""
     cols = (m.RelationColumn(1, "a", 1007, -1), m.RelationColumn(0, "b", 23, -1))

@@ -71,6 +71,25 @@ def test_staged_files_are_not_used(why: str) -> None:
     assert work.use("public.t", frozenset({7}), 1 if why == "schema changed" else 0) is None
 
 
+def test_keyed_pieces_are_used_only_when_the_apply_composes_them() -> None:
+    keyed = StagedFiles("public.t", 0, ["b"], rows=5, changes=9, keyed=True, removes="b-keys")
+    work = _work(
+        _piece(0, 100, _files("public.t", "a"), touched={7}, covered={7}),
+        _piece(100, 200, keyed, touched={7}, covered={7}),
+    )
+    assert work.use("public.t", frozenset({7}), 0) is None  # the batch only appends
+    use = work.use("public.t", frozenset({7}), 0, keyed=True)
+    assert use is not None
+    assert use.keyed == ((("a",), None), (("b",), "b-keys"))  # in order, inserts too
+    assert use.files == ("a", "b") and use.changes == 19
+    assert use.remainder == (SpoolSegment("/spool", 200, 300),)
+    # Only inserting pieces, asked for keyed: still composed (the rest may update).
+    plain = _work(_piece(0, 100, _files("public.t", "a"), touched={7}, covered={7}))
+    composed, appended = (plain.use("public.t", frozenset({7}), 0, keyed=k) for k in (True, False))
+    assert composed is not None and composed.keyed == ((("a",), None),)
+    assert appended is not None and appended.keyed == ()
+
+
 def test_a_table_first_touched_in_a_later_piece_uses_only_that_piece() -> None:
     other = _files("public.u", "u1")
     work = _work(
@@ -94,12 +113,17 @@ def test_finish_deletes_what_was_not_used(tmp_path: Path) -> None:
         f.write_bytes(b"x")
     journal = tmp_path / "piece.json"
     journal.write_text("{}")
-    result = StageResult(tables=[_files("public.t", str(used), str(unused))], journal=str(journal))
+    removes = tmp_path / "removes-keys.parquet"  # a keyed piece's: never committed
+    removes.write_bytes(b"x")
+    staged = _files("public.t", str(used), str(unused))
+    staged.removes = str(removes)
+    result = StageResult(tables=[staged], journal=str(journal))
     fut: Future[StageResult] = Future()
     fut.set_result(result)
     work = _work(Piece(SpoolSegment("/spool", 0, 100), fut, frozenset({7}), frozenset({7})))
     work.finish({str(used)})
     assert used.exists() and not unused.exists() and not journal.exists()
+    assert not removes.exists()
 
 
 def test_arrow_is_importable_for_the_stage_task() -> None:

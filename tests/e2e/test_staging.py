@@ -233,3 +233,68 @@ def test_kill_while_pieces_are_staged_then_restart(staging: Mirror, tmp_path: Pa
     assert left - _data_files(m), "no staged file of the killed run was removed"
     assert not _unreferenced(m, "public.t")
     assert not list(journal.glob("*.json"))
+
+
+def test_a_streamed_update_is_staged_by_key(staging: Mirror) -> None:
+    m = staging
+    m.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, n int)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+        "INSERT INTO t SELECT g, 'before', g FROM generate_series(1, 6000) g",
+    )
+    m.run()
+    with psycopg.connect(m.dsn) as conn:
+        # Each row changed once, in pieces: netted by key while they arrive.
+        conn.execute("UPDATE t SET v = 'updated', n = n + 1 WHERE id <= 3000")
+        conn.execute("DELETE FROM t WHERE id > 5500")
+        conn.execute("UPDATE t SET id = id + 100000 WHERE id BETWEEN 4000 AND 4100")
+        conn.execute("INSERT INTO t SELECT g, 'new', 0 FROM generate_series(6001, 7000) g")
+        conn.execute("DELETE FROM t WHERE id BETWEEN 5001 AND 5010")  # at the end
+    summary = m.run()
+    m.assert_mirrored("public.t")
+    assert summary.staged_rows > 2000, summary
+    assert not _unreferenced(m, "public.t")
+    assert not list((Path(str(m.config.work_dir)) / "staging").glob("*.json"))
+
+
+def test_a_streamed_update_that_changes_rows_twice_is_applied_from_the_spool(
+    staging: Mirror,
+) -> None:
+    m = staging
+    m.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+        "INSERT INTO t SELECT g, 'before' FROM generate_series(1, 4000) g",
+    )
+    m.run()
+    with psycopg.connect(m.dsn) as conn:
+        conn.execute("UPDATE t SET v = 'first' WHERE id <= 3000")
+        conn.execute("UPDATE t SET v = 'second' WHERE id % 10 = 0")  # pieces later
+        conn.execute("DELETE FROM t WHERE id % 25 = 0")
+    summary = m.run()
+    m.assert_mirrored("public.t")
+    assert summary.staged_rows == 0, summary  # the pieces did not compose
+    assert not _unreferenced(m, "public.t")
+
+
+def test_a_prepared_streamed_update_is_staged_by_key(staging: Mirror) -> None:
+    m = staging
+    m.sql(
+        "CREATE TABLE t (id bigint PRIMARY KEY, v text)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+        "INSERT INTO t SELECT g, 'before' FROM generate_series(1, 5000) g",
+    )
+    m.run()
+    with psycopg.connect(m.dsn) as conn:
+        conn.execute("UPDATE t SET v = 'prepared' WHERE id % 2 = 0")
+        conn.execute("DELETE FROM t WHERE id % 2 = 1 AND id > 4000")
+        conn.execute("PREPARE TRANSACTION 'keyed-gid'")
+    m.run()
+    records = list((Path(str(m.config.work_dir)) / "prepared").glob("*.staged.json"))
+    assert len(records) == 1
+    m.run()  # a restart: the record keeps the pieces' files, removes included
+    m.sql("COMMIT PREPARED 'keyed-gid'")
+    summary = m.run()
+    m.assert_mirrored("public.t")
+    assert summary.staged_rows > 1000, summary
+    assert not _unreferenced(m, "public.t")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
+from sparkapply.changes.staged import PieceFiles
 from sparkapply.plan.batch import Identity
 
 
@@ -22,6 +23,9 @@ class FoldPath(enum.Enum):
     KEYED = "keyed"  # net effect per key, vectorised (keyed)
     FULL = "full"  # REPLICA IDENTITY FULL: net effect per row image (full)
     ROW_WISE = "row-wise"  # change by change (rowwise): what the others cannot net
+    # A streamed transaction's pieces, netted by key while it arrived, composed with
+    # the fold of the rest of its spool (staged)
+    STAGED_KEYED = "staged-keyed"
 
 
 class NeedsRowFold(Exception):
@@ -38,11 +42,18 @@ class PlannedTask(Protocol):
     @property
     def identity(self) -> Identity: ...
 
+    @property
+    def staged(self) -> tuple[PieceFiles, ...]: ...
+
 
 def choose_path(task: PlannedTask) -> FoldPath:
     """The path a task takes first. A keyed or full fold that meets what it cannot
     net (a key that moves and comes back, an identity that changes mid-transaction:
-    the fold raises :class:`NeedsRowFold` saying why) leaves it to the row-wise fold."""
+    the fold raises :class:`NeedsRowFold` saying why) leaves it to the row-wise fold;
+    staged pieces that do not compose leave the transaction to the driver, which
+    applies it from the spool (``fold/staged.py``)."""
+    if task.staged:
+        return FoldPath.STAGED_KEYED
     if task.insert_only:
         return FoldPath.INSERT_ONLY
     if task.identity == "key":

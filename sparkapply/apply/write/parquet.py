@@ -94,6 +94,15 @@ class TableWriter:
         self.seconds += time.perf_counter() - started
         return _uri(self.data_dir, path)
 
+    def write_keys(self, keys: pa.Table) -> str:
+        """A file of key columns as they are (a staged piece's removes, never a data
+        file of the table: ``staging/piece.py``); its URI."""
+        started = time.perf_counter()
+        path = self._new_path("-keys")
+        pq.write_table(keys, path, filesystem=self.fs)
+        self.seconds += time.perf_counter() - started
+        return _uri(self.data_dir, path)
+
     def write_deletes(self, positions: Mapping[str, np.ndarray]) -> DeleteFileInfo | None:
         """One position-delete file naming ``positions`` (data file URI → row numbers)."""
         paths = sorted(p for p, pos in positions.items() if len(pos))

@@ -1,0 +1,97 @@
+"""A keyed table's staged pieces, composed at commit. Executor side.
+
+A streamed transaction that updates a keyed table is staged in pieces while it
+arrives (``staging/piece.py``): each piece nets its own changes by key, writing its
+final rows as data files and the keys of the rows it replaces as a *removes* file.
+At commit the task folds the rest of the spool (the *remainder*, the last piece
+here) and the pieces are committed side by side, their removes located in the
+table as it was before the transaction.
+
+WHEN THAT IS EXACT
+    A piece's removes name the rows the key had before that piece. Located in the
+    pre-transaction table, they are right unless an earlier piece left a row under
+    the key: then that row, in a staged file, would survive beside the later one. So
+    the pieces compose exactly when no key is put (left with a row) by one piece and
+    removed by a later one. PostgreSQL's key uniqueness makes that check enough: a
+    key a piece leaves with a row cannot be inserted by a later piece, only updated
+    or deleted, which the later piece lists among its removes. A key deleted by one
+    piece and inserted by a later one composes: the old row goes, the new one stays.
+
+    When the pieces do not compose (a big transaction that updates the same rows
+    twice, far apart), the task says so and the driver applies the transaction from
+    the spool, as without staging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkapply.apply.fold.keyed import NetEffect
+from sparkapply.apply.write.parquet import read_parquet
+from sparkapply.changes.staged import PieceFiles
+from sparkapply.plan.keys import comparable
+
+Keys = list[pa.Array]  # one array per key column
+
+
+def composed_removes(
+    pieces: Sequence[PieceFiles], remainder: NetEffect, key_names: Sequence[str]
+) -> Keys | None:
+    """The keys to locate for the pieces and the remainder together; None when they
+    do not compose (see WHEN THAT IS EXACT)."""
+    names = list(key_names)
+    puts: list[Keys] = []
+    removes: list[Keys] = []
+    for files, removes_file in pieces:
+        puts.append(_concat([_key_columns(read_parquet(f, names), names) for f in files], names))
+        removes.append(
+            _key_columns(read_parquet(removes_file, names), names) if removes_file else []
+        )
+    puts.append(_key_columns(remainder.upserts, names))
+    removes.append([comparable(k) for k in remainder.remove_keys])
+    if not _compose(puts, removes, names):
+        return None
+    return _concat([r for r in removes if r], names)
+
+
+def _key_columns(table: pa.Table, names: Sequence[str]) -> Keys:
+    return [comparable(table.column(n)) for n in names]
+
+
+def _concat(parts: Sequence[Keys], names: Sequence[str]) -> Keys:
+    """Key columns of several sources as one (cast to the first source's types)."""
+    parts = [p for p in parts if p and len(p[0])]
+    if not parts:
+        return []
+    types = [c.type for c in parts[0]]
+    return [
+        pa.concat_arrays([p[i] if p[i].type == types[i] else p[i].cast(types[i]) for p in parts])
+        for i in range(len(names))
+    ]
+
+
+def _compose(puts: Sequence[Keys], removes: Sequence[Keys], names: Sequence[str]) -> bool:
+    """No key put by one piece and removed by a later one."""
+    seen = [i for i in range(len(puts)) if (puts[i] and len(puts[i][0]))]
+    named = [i for i in range(len(removes)) if (removes[i] and len(removes[i][0]))]
+    if not seen or not named or max(named) <= min(seen):
+        return True  # every removal comes before every put
+    keys = _concat([*(puts[i] for i in seen), *(removes[i] for i in named)], names)
+    put_at = [pa.array([i] * len(puts[i][0]), pa.int32()) for i in seen]
+    removed_at = [pa.array([i] * len(removes[i][0]), pa.int32()) for i in named]
+    n_puts = sum(len(a) for a in put_at)
+    n_removes = sum(len(a) for a in removed_at)
+    columns = {f"k{i}": k for i, k in enumerate(keys)}
+    table = pa.table(
+        {
+            **columns,
+            "put": pa.concat_arrays([*put_at, pa.nulls(n_removes, pa.int32())]),
+            "removed": pa.concat_arrays([pa.nulls(n_puts, pa.int32()), *removed_at]),
+        }
+    )
+    per_key = table.group_by(list(columns)).aggregate([("put", "min"), ("removed", "max")])
+    later = pc.greater(per_key.column("removed_max"), per_key.column("put_min"))
+    return not pc.any(pc.fill_null(later, False)).as_py()
