@@ -11,6 +11,7 @@ from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.cuts import cuts_identifier, protected_snapshots
 from sparkapply.sink.progress import LSN_TABLE_PROPERTY
 from sparkapply.sink.tables import TableIdentifier
+from sparkapply.staging.records import waiting_files
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def run_maintain(
         spark,  # type: ignore[arg-type]
         catalog,
         protected=protected,
+        waiting=lambda: waiting_files(config.work_dir),
     )
     reports = [maintainer.run(ident, dry_run=dry_run) for ident in idents]
     if not reports:

@@ -170,10 +170,14 @@ class Maintainer:
         clock: Callable[[], float] = time.time,
         locks: TableLocks | None = None,
         protected: Callable[[TableIdentifier], Collection[int]] | None = None,
+        waiting: Callable[[], Collection[str]] | None = None,
     ) -> None:
         self.config = config
         # The snapshots kept cuts name, by table: expiry keeps them (sink/cuts.py).
         self.protected = protected or (lambda ident: ())
+        # Files staged for prepared transactions: the orphan sweep keeps them, however
+        # long COMMIT PREPARED takes to come (staging/records.py).
+        self.waiting = waiting or (lambda: ())
         # Beside the apply (its own thread): each commit holds the table's lock.
         self.locks = locks
         self.catalog = catalog
@@ -319,6 +323,7 @@ class Maintainer:
                     table,
                     older_than=dt.datetime.fromtimestamp(now - cfg.orphan_grace_seconds, tz=dt.UTC),
                     dry_run=dry_run,
+                    waiting=self.waiting(),
                 ),
             )
             if not dry_run:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from sparkapply.errors import SparkapplyError
 from sparkapply.sink.maintenance import list_files, unreferenced
-from sparkapply.staging.records import delete_files, read_journal, read_record
-from sparkapply.state.layout import is_journal_entry, prepared_dir, staged_records, staging_dir
+from sparkapply.staging.records import delete_files, read_journal, waiting_files
+from sparkapply.state.layout import is_journal_entry, staging_dir
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -31,13 +31,7 @@ def sweep_staged(work_dir: Path, catalog: Catalog) -> int:
     root = staging_dir(work_dir)
     if not root.is_dir():
         return 0
-    kept = {  # staged for prepared transactions, waiting for COMMIT PREPARED
-        f
-        for record in staged_records(prepared_dir(work_dir))
-        for piece in (read_record(record) or [])
-        for t in piece.tables
-        for f in t.written()
-    }
+    kept = waiting_files(work_dir)  # staged for prepared transactions
     by_table: dict[str, list[str]] = {}
     entries = sorted(root.iterdir())
     for entry in entries:

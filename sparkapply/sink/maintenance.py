@@ -291,9 +291,17 @@ class OrphanOutcome(Deletions):
     too_young: int = 0  # unreferenced files inside the grace period, kept
 
 
-def sweep_orphans(table: Table, *, older_than: dt.datetime, dry_run: bool = False) -> OrphanOutcome:
+def sweep_orphans(
+    table: Table,
+    *,
+    older_than: dt.datetime,
+    dry_run: bool = False,
+    waiting: Collection[str] = (),
+) -> OrphanOutcome:
     """Delete the files under the table's location that the current metadata does not
     reference and that were last modified before ``older_than``; see the module doc.
+    ``waiting``: files no snapshot references yet that a commit still will (staged
+    for a prepared transaction, however long it waits for COMMIT PREPARED).
 
     The table is refreshed first, so that a commit that landed since it was loaded
     protects its files."""
@@ -305,7 +313,7 @@ def sweep_orphans(table: Table, *, older_than: dt.datetime, dry_run: bool = Fals
         "nothing was deleted; the sweep runs again at the next interval",
     ):
         table.refresh()
-    keep = referenced_files(table)
+    keep = referenced_files(table) | {_key(p) for p in waiting}
     outcome = OrphanOutcome()
     for path, size, mtime in list_files(table.location()):
         if not path.endswith(_DELETABLE) or _key(path) in keep:

@@ -31,7 +31,7 @@ from pathlib import Path
 from sparkapply.apply.write.parquet import filesystem
 from sparkapply.staging.piece import StagedFiles, StageResult, StageTask
 from sparkapply.state.durable import write_json_durably
-from sparkapply.state.layout import journal_entry
+from sparkapply.state.layout import journal_entry, prepared_dir, staged_records
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,18 @@ def read_record(path: Path) -> list[RecordedPiece] | None:
         )
         for raw in doc["pieces"]
     ]
+
+
+def waiting_files(work_dir: Path) -> set[str]:
+    """Every file staged for a prepared transaction that waits for COMMIT PREPARED: no
+    snapshot references it yet, and none of the sweeps may delete it."""
+    return {
+        f
+        for record in staged_records(prepared_dir(work_dir))
+        for piece in (read_record(record) or [])
+        for t in piece.tables
+        for f in t.written()
+    }
 
 
 def delete_files(uris: Sequence[str]) -> None:

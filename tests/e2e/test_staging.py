@@ -18,7 +18,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from sparkapply.maintain.command import run_maintain
 from sparkapply.sink.maintenance import referenced_files
+from sparkapply.staging.records import waiting_files
 from tests.conftest import PgServer
 from tests.mirror import Mirror
 
@@ -293,6 +295,19 @@ def test_a_prepared_streamed_update_is_staged_by_key(staging: Mirror) -> None:
     records = list((Path(str(m.config.work_dir)) / "prepared").glob("*.staged.json"))
     assert len(records) == 1
     m.run()  # a restart: the record keeps the pieces' files, removes included
+    waiting = waiting_files(Path(str(m.config.work_dir)))
+    assert any(f.endswith("-keys.parquet") for f in waiting)
+    # An orphan sweep with no grace at all, while COMMIT PREPARED has not come: the
+    # waiting files stay (they are no snapshot's yet), the other orphans go.
+    orphan = Path(next(iter(waiting)).removeprefix("file://")).with_name("stray.parquet")
+    orphan.write_bytes(b"PAR1")
+    no_grace = dataclasses.replace(
+        m.config,
+        maintenance=dataclasses.replace(m.config.maintenance, orphan_grace_seconds=-60.0),
+    )
+    run_maintain(no_grace, table="public.t")
+    assert not orphan.exists()
+    assert all(Path(f.removeprefix("file://")).exists() for f in waiting)
     m.sql("COMMIT PREPARED 'keyed-gid'")
     summary = m.run()
     m.assert_mirrored("public.t")
