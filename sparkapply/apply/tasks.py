@@ -200,18 +200,11 @@ def _compose_staged(
     """The remainder's fold with the staged pieces' removes, or ``unstaged``."""
     result.path = FoldPath.STAGED_KEYED.value
     try:
-        effect = fold_keyed(
-            task.relation_ids,
-            task.txns,
-            schema=task.schema,
-            key_names=task.key_names,
-            proto_version=task.proto_version,
-            streaming=task.streaming,
-            table=task.table,
-        )
+        effect = _fold(FoldPath.KEYED, task)
     except NeedsRowFold:
         result.unstaged = True
         return
+    assert isinstance(effect, NetEffect)
     removes = None if effect.truncated else composed_removes(task.staged, effect, task.key_names)
     if removes is None:
         result.unstaged = True
