@@ -362,12 +362,11 @@ class Applier:
         the pieces staged while they arrived, when the table may use them (the batch
         only appends to it; or its one transaction in the batch, keyed, updates it)."""
         share = staged or _StagedShare(tp.name)
-        keyed = staged is not None and tp.identity == "key" and len(tp.ordinals) == 1
+        keyed = not tp.insert_only and tp.identity == "key" and len(tp.ordinals) == 1
         usable = staged is not None and (tp.insert_only or keyed)
         schema_id = state.table.schema().schema_id if usable else None
         return tuple(
-            share.input(o, batch[o], tp.relation_ids, schema_id, keyed=keyed and not tp.insert_only)
-            for o in tp.ordinals
+            share.input(o, batch[o], tp.relation_ids, schema_id, keyed=keyed) for o in tp.ordinals
         )
 
     def _run(self, tasks: list[TableTask]) -> list[TableResult]:
