@@ -23,15 +23,15 @@ The forms are chosen to be exact and cheap on both sides, not to be read:
 - arrays: ``[`` elements ``]``, elements in order, separated by \\x1d (the lower
   bound dropped, as the mirror drops it).
 
-A row is its values joined by \\x1f, null as \\x1e; its hash the first 8 bytes of the
-MD5 of that text as a signed 64-bit integer; its bucket the first 4 bytes, unsigned,
-modulo the number of buckets; a table's hash the sum of its rows' (mod 2^64):
-independent of order, counting duplicates.
+A row is its values joined by \\x1f, null as \\x1e; its hash PostgreSQL's
+``hashtextextended`` of that text with seed 0, a signed 64-bit integer (``lookup3.py``:
+not cryptographic, and a fifth of MD5's cost over the same text); its bucket the
+hash's low 32 bits, unsigned, modulo the number of buckets; a table's hash the sum of
+its rows' (mod 2^64): independent of order, counting duplicates.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,11 +42,13 @@ from psycopg import sql
 
 from sparkapply.convert.temporal import DATE_MAX, DATE_MIN, TIMESTAMP_MAX, TIMESTAMP_MIN
 from sparkapply.convert.types import ColumnKind, ColumnTarget
+from sparkapply.verify.lookup3 import array_hashes, text_hash64
 
 FIELD_SEP = "\x1f"
 NULL = "\x1e"
 ELEMENT_SEP = "\x1d"
 HASH_MOD = 1 << 64
+_LOW32 = 0xFFFFFFFF
 _TIME_MAX = 86_400_000_000 - 1
 
 
@@ -102,14 +104,15 @@ def sql_row_text(texts: Sequence[sql.Composable]) -> sql.Composable:
 
 
 def sql_hash(text: sql.Composable) -> sql.Composable:
-    """The 64-bit hash of a row's text (a signed bigint): its MD5's first 8 bytes."""
-    return sql.SQL("('x' || substr(md5({}), 1, 16))::bit(64)::bigint").format(text)
+    """The 64-bit hash of a row's text (a signed bigint). In the C collation: a
+    nondeterministic one would hash a sort key, not the bytes."""
+    return sql.SQL('pg_catalog.hashtextextended(({}) COLLATE "C", 0)').format(text)
 
 
 def sql_hash_bucket(hash_: sql.Composable, buckets: int) -> sql.Composable:
-    """Which of ``buckets`` the row of a :func:`sql_hash` falls in: its MD5's first
-    4 bytes, unsigned, modulo ``buckets`` (taken from the hash: one MD5 a row)."""
-    return sql.SQL("((({} >> 32) & 4294967295) % {})").format(hash_, sql.Literal(buckets))
+    """Which of ``buckets`` the row of a :func:`sql_hash` falls in: the hash's low 32
+    bits (lookup3's best mixed word), unsigned, modulo ``buckets``."""
+    return sql.SQL("(({} & 4294967295) % {})").format(hash_, sql.Literal(buckets))
 
 
 def sql_bucket(text: sql.Composable, buckets: int) -> sql.Composable:
@@ -185,40 +188,9 @@ def arrow_hashes(
     columns: Sequence[pa.Array],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint32]]:
     """The hash (as :func:`text_hash`) of each row that ``columns`` (canonical texts,
-    at least one) make, and its bucket before the modulo (the MD5's first four bytes,
-    as :func:`text_bucket`)."""
-    import duckdb  # its MD5 is vectorised; hashlib is one call per row
-
-    # The row text is joined in Arrow; DuckDB only hashes it (its md5 in hex: twice as
-    # fast as its md5_number_upper, hex included). One thread: a Spark task owns one
-    # core, and a second thread per task halves every task's speed when tasks run
-    # side by side.
-    con = duckdb.connect(config={"threads": 1})
-    try:
-        con.register("t", pa.table({"r": arrow_row_texts(columns)}))
-        digests = con.execute("SELECT md5(r) FROM t").to_arrow_table().column(0)
-    finally:
-        con.close()
-    first8 = _hex_first8(digests)
-    return first8.view(np.int64), (first8 >> np.uint64(32)).astype(np.uint32)
-
-
-_NIBBLE = np.zeros(256, dtype=np.uint8)
-_NIBBLE[_HEX] = np.arange(16, dtype=np.uint8)
-
-
-def _hex_first8(digests: pa.ChunkedArray) -> npt.NDArray[np.uint64]:
-    """The first 8 bytes (big-endian) of each 32-digit lowercase hex MD5."""
-    array = pc.cast(digests.combine_chunks(), _STRING)
-    if len(array) == 0:
-        return np.zeros(0, dtype=np.uint64)
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
-        array.offset : array.offset + len(array) + 1
-    ]
-    data = np.frombuffer(array.buffers()[2] or b"", dtype=np.uint8)[offsets[0] : offsets[-1]]
-    digits = data.reshape(-1, 32)[:, :16]
-    pairs = (_NIBBLE[digits[:, 0::2]] << 4) | _NIBBLE[digits[:, 1::2]]
-    return np.ascontiguousarray(pairs).view(">u8").ravel().astype(np.uint64)
+    at least one) make, and its bucket before the modulo (as :func:`text_bucket`)."""
+    hashes = array_hashes(arrow_row_texts(columns))
+    return hashes.view(np.int64), (hashes & np.uint64(_LOW32)).astype(np.uint32)
 
 
 def _clamped_ints(ints: pa.Array, low: int, high: int) -> pa.Array:
@@ -311,9 +283,9 @@ def row_text(values: Sequence[str | None]) -> str:
 
 def text_hash(text: str) -> int:
     """The signed 64-bit hash of a row's (or key's) text, as :func:`sql_hash`."""
-    return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "big", signed=True)
+    return text_hash64(text.encode())
 
 
 def text_bucket(text: str, buckets: int) -> int:
     """As :func:`sql_bucket`."""
-    return int.from_bytes(hashlib.md5(text.encode()).digest()[:4], "big") % buckets
+    return (text_hash(text) & _LOW32) % buckets

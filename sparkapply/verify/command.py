@@ -9,7 +9,7 @@
    differ, the buckets whose sums differ are read on both sides and their rows
    matched by key: keys missing in Iceberg, extra in Iceberg, or different (which
    columns); for a table without a key, the row images whose count differs. A row
-   falls in a bucket by its own hash, not its key's: one MD5 per row, not two, and a
+   falls in a bucket by its own hash, not its key's: one hash per row, not two, and a
    changed row's two images land in two buckets that both differ, so both are read.
 """
 
@@ -40,6 +40,7 @@ from sparkapply.verify.canonical import NULL
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape, mirror_rows, mirror_sums
 from sparkapply.verify.publisher import (
     ExactPoint,
+    check_hash,
     exact_point,
     publisher_rows,
     publisher_sums,
@@ -228,6 +229,7 @@ def _compare(
             hint="name tables of the publication, as schema.table",
         )
     shapes = {s.key: shape_of(s) for s in sources}
+    check_hash(point.conn)
     # The two sides at once: the server hashes its tables while the mirror's cut
     # is awaited, Spark starts and its tasks hash the mirror's.
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-publisher")

@@ -20,6 +20,7 @@ from psycopg import sql
 
 from sparkapply.config import Config
 from sparkapply.copy.snapshot import SourceTable, begin_at_snapshot
+from sparkapply.errors import SourceError
 from sparkapply.lsn import Lsn
 from sparkapply.source.connection import connect
 from sparkapply.source.publisher import temporary_snapshot
@@ -30,6 +31,7 @@ from sparkapply.verify.canonical import (
     sql_hash_bucket,
     sql_row_text,
     sql_text,
+    text_hash,
 )
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape
 
@@ -64,6 +66,23 @@ def exact_point(
         yield ExactPoint(point, conn)
     finally:
         conn.close()
+
+
+# Longer than lookup3's 12-byte block, with a multibyte character and a separator.
+_PROBE = "sparkapply verify\x1fprobe \u00e9\u20ac"
+
+
+def check_hash(conn: psycopg.Connection[Any]) -> None:
+    """Stop unless the server hashes a row's text as the mirror's side does (a
+    big-endian server does not), before a whole table is hashed for nothing."""
+    row = conn.execute(sql.SQL("SELECT {}").format(sql_hash(sql.Literal(_PROBE)))).fetchone()
+    theirs = None if row is None else row[0]
+    if theirs != text_hash(_PROBE):
+        raise SourceError(
+            "the publisher's hashtextextended differs from the one verify computes over"
+            f" the mirror ({theirs} against {text_hash(_PROBE)})",
+            hint="verify needs a little-endian publisher (x86-64, arm64)",
+        )
 
 
 def _source(table: SourceTable) -> sql.Composable:

@@ -19,8 +19,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from sparkapply.embedded import EmbeddedPostgres, installed_bin_dir
+from sparkapply.source.connection import session_conninfo
+from sparkapply.verify.canonical import sql_hash, text_hash
+from sparkapply.verify.publisher import check_hash
 from tests.mirror import Mirror
 
 pytestmark = pytest.mark.integration
@@ -180,3 +184,13 @@ def test_generated_columns_published_on_18(
     totals = {r[cols.index("id")]: r[cols.index("total")] for r in rows}
     assert totals[8] is not None and float(totals[8]) == 80 * 1.5
     mirror.assert_mirrored("public.gen")
+
+
+def test_verify_hashes_rows_as_every_version_does(server: EmbeddedPostgres) -> None:
+    """verify's row hash is the server's hashtextextended: the same on 15 to 18."""
+    texts = ["", "x" * 11, "row\x1f12\x1e", "é€😀" * 7, "y" * 1000]
+    with psycopg.connect(session_conninfo(server.dsn()), autocommit=True) as conn:
+        check_hash(conn)
+        query = sql.SQL("SELECT {} FROM unnest(%s::text[]) WITH ORDINALITY u(v, n) ORDER BY n")
+        got = [r[0] for r in conn.execute(query.format(sql_hash(sql.SQL("v"))), (texts,))]
+    assert got == [text_hash(t) for t in texts]

@@ -30,6 +30,7 @@ from sparkapply.verify.canonical import (
     text_bucket,
     text_hash,
 )
+from sparkapply.verify.publisher import check_hash
 
 UTC = dt.UTC
 D = dt.date
@@ -185,9 +186,37 @@ def test_both_sides_give_the_same_text(
     assert arrow_text(pa.chunked_array([array[:1], array[1:]], array.type), target) == got
 
 
-def test_arrow_hashes_match_hashlib_over_many_rows_and_none() -> None:
-    # More rows than DuckDB puts in one vector or one Arrow batch, of every length
-    # around MD5's block boundaries, and none at all.
+def _lengths() -> list[str]:
+    """Texts of every length around lookup3's 12-byte blocks (ASCII, then 2- to 4-byte
+    characters), the separators a row text holds, and a long one."""
+    texts = ["x" * n for n in range(50)]
+    texts += [("é€😀" * 20)[:n] for n in range(30)]
+    texts += ["a\x1fb\x1ec\x1dd", "", "\x7f" * 13, "long " * 20_000]
+    return texts
+
+
+def test_the_row_hash_is_postgresqls_hashtextextended(pg_dsn: str) -> None:
+    texts = _lengths()
+    with psycopg.connect(session_conninfo(pg_dsn), autocommit=True) as conn:
+        server = [
+            r[0]
+            for r in conn.execute(
+                sql.SQL(
+                    "SELECT {} FROM unnest(%s::text[]) WITH ORDINALITY u(v, n) ORDER BY n"
+                ).format(sql_hash(sql.SQL("v"))),
+                (texts,),
+            )
+        ]
+        check_hash(conn)  # the same check verify makes before it hashes a table
+    assert [text_hash(t) for t in texts] == server
+    array = pa.array(texts)
+    for variant in (array, array.cast(pa.large_string())):
+        assert arrow_hashes([variant])[0].tolist() == server
+    # A slice at an offset into its buffers, as Arrow hands a scan's batches over.
+    assert arrow_hashes([array.slice(7, 40)])[0].tolist() == server[7:47]
+
+
+def test_arrow_hashes_match_one_by_one_over_many_rows_and_none() -> None:
     texts = ["é" * (n % 70) + str(n) for n in range(200_000)]
     hashes, prefixes = arrow_hashes([pa.array(texts)])
     picked = range(0, len(texts), 997)
