@@ -48,7 +48,13 @@ class StagedShare(Protocol):
     def rows(self) -> int: ...
 
     @property
-    def changes(self) -> int: ...
+    def changes(self) -> int: ...  # source row changes: inserts, updates, deletes
+
+    @property
+    def updates(self) -> int: ...
+
+    @property
+    def deletes(self) -> int: ...
 
     @property
     def remainder(self) -> tuple[SpoolSegment, ...]: ...  # the spool still to read

@@ -105,6 +105,8 @@ class _StagedShare:
         self.files: list[str] = []
         self.rows = 0
         self.changes = 0
+        self.updates = 0
+        self.deletes = 0
         self.keyed: tuple[PieceFiles, ...] = ()  # pieces the task composes (fold/staged.py)
 
     def input(
@@ -132,6 +134,8 @@ class _StagedShare:
             self.files += use.files
             self.rows += use.rows
             self.changes += use.changes
+            self.updates += use.updates
+            self.deletes += use.deletes
             self.keyed += use.keyed
         return TxnInput(
             ordinal=ordinal,
@@ -145,8 +149,9 @@ class _StagedShare:
         result.added = [*result.added, *self.files]
         result.rows_written += self.rows
         result.n_changes += self.changes
-        if not self.keyed:  # a keyed piece's changes are not only inserts
-            result.n_inserts += self.changes
+        result.n_inserts += self.changes - self.updates - self.deletes
+        result.n_updates += self.updates
+        result.n_deletes += self.deletes
 
     def result(self, last_commit_lsn: int) -> TableResult:
         result = TableResult(self.table, last_commit_lsn=last_commit_lsn, path="staged")

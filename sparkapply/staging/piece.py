@@ -76,7 +76,9 @@ class StagedFiles:
     schema_id: int
     files: list[str] = field(default_factory=list)
     rows: int = 0
-    changes: int = 0
+    changes: int = 0  # source row changes, of which:
+    updates: int = 0
+    deletes: int = 0  # (the rest are inserts)
     mutated: bool = False
     keyed: bool = False
     removes: str | None = None  # a Parquet file of key columns (keyed pieces only)
@@ -207,4 +209,6 @@ def _stage_keyed(
     out.keyed = True
     out.rows = upserts.num_rows
     out.changes = effect.n_changes
+    out.updates = effect.n_updates
+    out.deletes = effect.n_deletes
     return out

@@ -35,7 +35,9 @@ class StagedUse:
 
     files: tuple[str, ...]
     rows: int
-    changes: int
+    changes: int  # source row changes, of which:
+    updates: int
+    deletes: int  # (the rest are inserts)
     remainder: tuple[SpoolSegment, ...]  # the spool still to read
     relations: tuple[m.Relation, ...]  # the descriptions in effect where it starts
     # Asked for keyed (the apply composes the pieces): every piece's files, in order,
@@ -91,7 +93,7 @@ class StagedWork:
             return None
         files: list[str] = []
         parts: list[PieceFiles] = []
-        rows = changes = 0
+        rows = changes = updates = deletes = 0
         for result in results:
             for staged in result.tables:
                 if staged.table != table:
@@ -104,12 +106,16 @@ class StagedWork:
                 parts.append((tuple(staged.files), staged.removes))
                 rows += staged.rows
                 changes += staged.changes
+                updates += staged.updates
+                deletes += staged.deletes
         start = self.staged_end
         remainder = (SpoolSegment(self.path, start, self.end),) if self.end > start else ()
         return StagedUse(
             tuple(files),
             rows,
             changes,
+            updates,
+            deletes,
             remainder,
             self.relations_at(start),
             # Asked for keyed, even inserting pieces are composed: the remainder may

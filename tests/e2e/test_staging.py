@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from sparkapply.maintain.command import run_maintain
+from sparkapply.run.batch import BatchStats
 from sparkapply.sink.maintenance import referenced_files
 from sparkapply.staging.records import waiting_files
 from tests.conftest import PgServer
@@ -252,9 +253,14 @@ def test_a_streamed_update_is_staged_by_key(staging: Mirror) -> None:
         conn.execute("UPDATE t SET id = id + 100000 WHERE id BETWEEN 4000 AND 4100")
         conn.execute("INSERT INTO t SELECT g, 'new', 0 FROM generate_series(6001, 7000) g")
         conn.execute("DELETE FROM t WHERE id BETWEEN 5001 AND 5010")  # at the end
-    summary = m.run()
+    batches: list[BatchStats] = []
+    summary = m.run(on_batch=batches.append)
     m.assert_mirrored("public.t")
     assert summary.staged_rows > 2000, summary
+    # The per-operation counts (the rows_applied metric) are the source's changes,
+    # staged pieces' included: 3,000 + 101 updates, 500 + 10 deletes, 1,000 inserts.
+    (result,) = [r for b in batches for r in b.results if r.table == "public.t"]
+    assert (result.n_inserts, result.n_updates, result.n_deletes) == (1000, 3101, 510)
     assert not _unreferenced(m, "public.t")
     assert not list((Path(str(m.config.work_dir)) / "staging").glob("*.json"))
 
