@@ -34,6 +34,8 @@ from pyspark.sql import SparkSession
 from sparkapply.apply.fold.rowwise import coalesced
 from sparkapply.apply.tasks import TableResult, TableTask, run_table_task
 
+STAGED_TASKS = 4
+
 
 def task_bytes(task: TableTask) -> int:
     return sum(s.nbytes for x in task.txns for s in x.segments)
@@ -42,10 +44,14 @@ def task_bytes(task: TableTask) -> int:
 def partitions_for(task: TableTask, parallelism: int, split_bytes: int, cap: int) -> int:
     """How many tasks fold ``task``'s table: one, unless it is keyed, not insert-only
     and big; then one per ``split_bytes``, at most the cluster's parallelism (or
-    ``cap``). Staged pieces are composed by one task: they are netted already."""
-    if task.insert_only or not task.keyed or task.staged or split_bytes <= 0:
+    ``cap``). Staged pieces are composed by up to :data:`STAGED_TASKS` tasks, by key
+    (fold/staged.py, SEVERAL TASKS): each reads every piece's keys, so more would
+    read more than they save."""
+    if task.insert_only or not task.keyed or split_bytes <= 0:
         return 1
     limit = cap if cap > 0 else parallelism
+    if task.staged:
+        return max(1, min(limit, STAGED_TASKS, len(task.staged)))
     return max(1, min(limit, math.ceil(task_bytes(task) / split_bytes)))
 
 

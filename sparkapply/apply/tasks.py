@@ -22,6 +22,7 @@ Four paths, chosen per table and batch by :func:`~sparkapply.apply.fold.path.cho
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from sparkapply.apply.fold.full import FullEffect, fold_full
 from sparkapply.apply.fold.keyed import NetEffect, fold_keyed
 from sparkapply.apply.fold.path import FoldPath, NeedsRowFold, choose_path
 from sparkapply.apply.fold.rowwise import TableDelta, TxnInput, fold_table
-from sparkapply.apply.fold.staged import composed_removes
+from sparkapply.apply.fold.staged import composed_removes, owned_effect
 from sparkapply.apply.write.effect import (
     Target,
     WriteResult,
@@ -197,15 +198,21 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
 def _compose_staged(
     task: TableTask, result: TableResult, writer: TableWriter, started: float
 ) -> None:
-    """The remainder's fold with the staged pieces' removes, or ``unstaged``."""
+    """The remainder's fold with the staged pieces' removes, of the keys the task's
+    partition owns (fold/staged.py, SEVERAL TASKS), or ``unstaged``."""
     result.path = FoldPath.STAGED_KEYED.value
-    try:
-        effect = _fold(FoldPath.KEYED, task)
+    try:  # the whole remainder: a key's events may span the partitions' key hashes
+        whole = _fold(FoldPath.KEYED, dataclasses.replace(task, partition=(0, 1)))
     except NeedsRowFold:
         result.unstaged = True
         return
-    assert isinstance(effect, NetEffect)
-    removes = None if effect.truncated else composed_removes(task.staged, effect, task.key_names)
+    assert isinstance(whole, NetEffect)
+    effect = owned_effect(whole, task.key_names, task.partition)
+    removes = (
+        None
+        if effect.truncated
+        else composed_removes(task.staged, effect, task.key_names, task.partition)
+    )
     if removes is None:
         result.unstaged = True
         return
@@ -214,10 +221,11 @@ def _compose_staged(
     result.timings["fold"] = folded - started
     result.take(_write(effect, task, writer))
     result.timings["locate"] = time.perf_counter() - folded - writer.seconds
-    result.n_changes = effect.n_changes
-    result.n_inserts = effect.n_inserts
-    result.n_updates = effect.n_updates
-    result.n_deletes = effect.n_deletes
+    if task.partition[0] == 0:  # every partition folded every change
+        result.n_changes = effect.n_changes
+        result.n_inserts = effect.n_inserts
+        result.n_updates = effect.n_updates
+        result.n_deletes = effect.n_deletes
 
 
 def _fold(path: FoldPath, task: TableTask) -> NetEffect | FullEffect | TableDelta:

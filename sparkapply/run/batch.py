@@ -304,6 +304,11 @@ class Applier:
         unstaged = {r.table for r in results if r.unstaged}
         if unstaged:  # staged pieces that do not compose: from the spool, as unstaged
             log.info("applying %s from the spool: its staged pieces do not compose", unstaged)
+            for r in results:
+                if r.unstaged:  # what its other key partitions wrote
+                    self.sink.remove_files(
+                        planned[r.table].table, [*r.added, *(d.path for d in r.deletes)]
+                    )
             for name in unstaged:
                 used.difference_update(shares.pop(name).files)
             again = [tp for tp in plan.tables if tp.name in unstaged]

@@ -7,7 +7,7 @@ import dataclasses
 import pyarrow as pa
 
 from sparkapply.apply.fold.rowwise import TxnInput
-from sparkapply.apply.job import merge_results, partitions_for, slices
+from sparkapply.apply.job import STAGED_TASKS, merge_results, partitions_for, slices
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.datafiles import DeleteFileInfo
@@ -41,6 +41,17 @@ def test_only_big_keyed_mutating_batches_are_split() -> None:
     assert partitions_for(task(400 * MB), 8, 16 * MB, 2) == 2  # the configured cap
     assert partitions_for(task(400 * MB, keyed=False), 8, 16 * MB, 0) == 1
     assert partitions_for(task(400 * MB, insert_only=True), 8, 16 * MB, 0) == 1
+
+
+def test_staged_pieces_are_composed_by_a_few_tasks() -> None:
+    def staged(pieces: int) -> TableTask:
+        files = tuple(((f"/d/p{i}.parquet",), f"/d/p{i}-keys.parquet") for i in range(pieces))
+        return dataclasses.replace(task(1 * MB), staged=files)
+
+    assert partitions_for(staged(1), 2, 16 * MB, 0) == 1  # one piece: one task
+    assert partitions_for(staged(20), 2, 16 * MB, 0) == 2  # the cluster's parallelism
+    assert partitions_for(staged(20), 64, 16 * MB, 0) == STAGED_TASKS  # each reads every key
+    assert partitions_for(staged(20), 64, 16 * MB, 1) == 1  # the configured cap
 
 
 def test_partition_results_merge_into_one_commit() -> None:

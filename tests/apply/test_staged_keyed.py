@@ -6,6 +6,7 @@ the table task run in this process, on files in a temporary directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from sparkapply.apply.fold.keyed import NetEffect
 from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.fold.staged import composed_removes
+from sparkapply.apply.job import merge_results
 from sparkapply.apply.tasks import TableTask, run_table_task
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.changes.spool import SpoolSegment, SpoolWriter
@@ -115,10 +117,11 @@ def _stage(tmp_path: Path, segment: SpoolSegment) -> PieceFiles:
     return tuple(staged.files), staged.removes
 
 
+@pytest.mark.parametrize("tasks", [1, 3])
 @pytest.mark.parametrize("conflict", [None, "updated later", "deleted later", "in the remainder"])
 @pytest.mark.parametrize("seed", range(6))
 def test_staged_pieces_compose_to_the_model(
-    seed: int, conflict: str | None, tmp_path: Path
+    seed: int, conflict: str | None, tasks: int, tmp_path: Path
 ) -> None:
     rnd = random.Random(seed)
     prebatch: dict[int, Row] = {
@@ -147,11 +150,15 @@ def test_staged_pieces_compose_to_the_model(
         streaming="parallel",
         staged=pieces,
     )
-    result = run_table_task(task)
-    assert result.error is None
-    assert result.path == "staged-keyed"
+    # Split by key over several tasks, as the job splits a big table (job.py).
+    parts = [run_table_task(dataclasses.replace(task, partition=(i, tasks))) for i in range(tasks)]
+    assert all(p.error is None and p.path == "staged-keyed" for p in parts)
+    (result,) = merge_results(parts)
     if conflict is not None:
-        assert result.unstaged and not result.added and not result.deletes
+        # The driver removes what the composing partitions wrote; the one that found
+        # the conflict wrote nothing.
+        assert result.unstaged
+        assert any(p.unstaged and not p.added and not p.deletes for p in parts)
         return
     assert not result.unstaged
     staged_files = [f for files, _ in pieces for f in files]
@@ -164,6 +171,9 @@ def test_staged_pieces_compose_to_the_model(
     )
     assert got == expected_rows(state)
     assert result.n_changes == len(segments[-1])  # the remainder's; the pieces count theirs
+    if tasks > 1:  # each row removed and written once, as by one task
+        one = run_table_task(task)
+        assert (result.rows_removed, result.rows_written) == (one.rows_removed, one.rows_written)
 
 
 def test_a_piece_that_truncates_or_has_no_key_stages_nothing(tmp_path: Path) -> None:

@@ -261,6 +261,7 @@ def test_a_streamed_update_is_staged_by_key(staging: Mirror) -> None:
     # staged pieces' included: 3,000 + 101 updates, 500 + 10 deletes, 1,000 inserts.
     (result,) = [r for b in batches for r in b.results if r.table == "public.t"]
     assert (result.n_inserts, result.n_updates, result.n_deletes) == (1000, 3101, 510)
+    assert (result.path, result.tasks) == ("staged-keyed", 2)  # composed by key in 2 tasks
     assert not _unreferenced(m, "public.t")
     assert not list((Path(str(m.config.work_dir)) / "staging").glob("*.json"))
 

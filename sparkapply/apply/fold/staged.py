@@ -20,12 +20,23 @@ WHEN THAT IS EXACT
     When the pieces do not compose (a big transaction that updates the same rows
     twice, far apart), the task says so and the driver applies the transaction from
     the spool, as without staging.
+
+SEVERAL TASKS
+    The check and the removes are per key, so a table's composition splits by key
+    hash (``plan.partition.key_hash``, of the key alone) over several tasks: each
+    folds the whole remainder (netting needs all of a key's events, and a remainder
+    is small), then keeps the keys it owns, of the remainder and of every piece, puts
+    and removes alike. A key's every put and removal meets in one task, so each
+    task's check is the check over its keys, and the tasks' removes and rows add up
+    to the one task's. The pieces' data files are committed whole, by the driver.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -33,28 +44,71 @@ from sparkapply.apply.fold.keyed import NetEffect
 from sparkapply.apply.write.parquet import read_parquet
 from sparkapply.changes.staged import PieceFiles
 from sparkapply.plan.keys import comparable
+from sparkapply.plan.partition import key_hash
 
 Keys = list[pa.Array]  # one array per key column
 
 
 def composed_removes(
-    pieces: Sequence[PieceFiles], remainder: NetEffect, key_names: Sequence[str]
+    pieces: Sequence[PieceFiles],
+    remainder: NetEffect,
+    key_names: Sequence[str],
+    partition: tuple[int, int] = (0, 1),
 ) -> Keys | None:
-    """The keys to locate for the pieces and the remainder together; None when they
-    do not compose (see WHEN THAT IS EXACT)."""
+    """The keys to locate for the pieces and the remainder together, of the keys
+    ``partition`` owns; None when they do not compose (see WHEN THAT IS EXACT). The
+    remainder must be owned already (:func:`owned_effect`)."""
     names = list(key_names)
     puts: list[Keys] = []
     removes: list[Keys] = []
     for files, removes_file in pieces:
-        puts.append(_concat([_key_columns(read_parquet(f, names), names) for f in files], names))
-        removes.append(
-            _key_columns(read_parquet(removes_file, names), names) if removes_file else []
-        )
+        put = _concat([_key_columns(read_parquet(f, names), names) for f in files], names)
+        puts.append(_owned(put, partition))
+        removed = _key_columns(read_parquet(removes_file, names), names) if removes_file else []
+        removes.append(_owned(removed, partition))
     puts.append(_key_columns(remainder.upserts, names))
     removes.append([comparable(k) for k in remainder.remove_keys])
     if not _compose(puts, removes, names):
         return None
     return _concat([r for r in removes if r], names)
+
+
+def owned_effect(
+    effect: NetEffect, key_names: Sequence[str], partition: tuple[int, int]
+) -> NetEffect:
+    """The part of a net effect on the keys ``partition`` owns (a fill comes from
+    the row's own key, so it goes with its row)."""
+    if partition[1] <= 1:
+        return effect
+    rows = _mask([comparable(effect.upserts.column(k)) for k in key_names], partition)
+    removed = _mask([comparable(k) for k in effect.remove_keys], partition)
+    return dataclasses.replace(
+        effect,
+        upserts=effect.upserts if rows is None else effect.upserts.filter(pa.array(rows)),
+        remove_keys=(
+            effect.remove_keys
+            if removed is None
+            else [k.filter(pa.array(removed)) for k in effect.remove_keys]
+        ),
+        fills=effect.fills if rows is None else {c: m[rows] for c, m in effect.fills.items()},
+    )
+
+
+def _mask(keys: Keys, partition: tuple[int, int]) -> np.ndarray | None:
+    """Which rows of ``keys`` ``partition`` owns; None: all of them."""
+    index, count = partition
+    if count <= 1 or not keys or len(keys[0]) == 0:
+        return None
+    mine: np.ndarray = key_hash(keys) % count == index
+    return mine
+
+
+def _owned(keys: Keys, partition: tuple[int, int]) -> Keys:
+    mine = _mask(keys, partition)
+    if mine is None:
+        return keys
+    at = pa.array(mine)
+    return [k.filter(at) for k in keys]
 
 
 def _key_columns(table: pa.Table, names: Sequence[str]) -> Keys:
