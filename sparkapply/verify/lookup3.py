@@ -96,8 +96,13 @@ def _rows(offsets: Any, data: Any, out: Any) -> None:
 
 for _helper in (_rot, _mix, _final, _tail, _hash):
     register_jitable(_helper)
-# Compiled at the first call of a process, cached on disk for the next ones.
-_compiled_rows = njit(cache=True, nogil=True)(_rows)
+# Compiled at the first call of a process (0.6 s), cached on disk for the next ones
+# (0.1 s): beside this file, else in the user's cache directory. Where neither is
+# writable (a read-only install, no home), numba refuses to cache: compile each time.
+try:
+    _compiled_rows = njit(cache=True, nogil=True)(_rows)
+except RuntimeError:
+    _compiled_rows = njit(nogil=True)(_rows)
 
 
 def text_hash64(data: bytes) -> int:
