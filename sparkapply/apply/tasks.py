@@ -181,16 +181,7 @@ def _fold_and_write(task: TableTask, result: TableResult, writer: TableWriter) -
             result.path = path.value
             return
         effect = _fold(path, task)
-    folded = time.perf_counter()
-    result.timings["fold"] = folded - started
-    result.take(_write(effect, task, writer))
-    result.timings["locate"] = time.perf_counter() - folded - writer.seconds
-    if task.partition[0] == 0:  # every partition decoded every change
-        result.n_changes = effect.n_changes
-        if not isinstance(effect, TableDelta):
-            result.n_inserts = effect.n_inserts
-            result.n_updates = effect.n_updates
-            result.n_deletes = effect.n_deletes
+    _write_counted(effect, task, result, writer, started)
     result.truncated = effect.truncated
     result.path = path.value
 
@@ -217,15 +208,28 @@ def _compose_staged(
         result.unstaged = True
         return
     effect.remove_keys = removes
+    _write_counted(effect, task, result, writer, started)
+
+
+def _write_counted(
+    effect: NetEffect | FullEffect | TableDelta,
+    task: TableTask,
+    result: TableResult,
+    writer: TableWriter,
+    started: float,
+) -> None:
+    """Write ``effect`` into ``result``, timing the fold before (from ``started``) and
+    the locate in it; partition 0 counts the changes (every partition folded them all)."""
     folded = time.perf_counter()
     result.timings["fold"] = folded - started
     result.take(_write(effect, task, writer))
     result.timings["locate"] = time.perf_counter() - folded - writer.seconds
-    if task.partition[0] == 0:  # every partition folded every change
+    if task.partition[0] == 0:
         result.n_changes = effect.n_changes
-        result.n_inserts = effect.n_inserts
-        result.n_updates = effect.n_updates
-        result.n_deletes = effect.n_deletes
+        if not isinstance(effect, TableDelta):
+            result.n_inserts = effect.n_inserts
+            result.n_updates = effect.n_updates
+            result.n_deletes = effect.n_deletes
 
 
 def _fold(path: FoldPath, task: TableTask) -> NetEffect | FullEffect | TableDelta:
