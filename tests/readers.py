@@ -13,20 +13,19 @@ values, typed differently), and fails on any other type difference.
 from __future__ import annotations
 
 import glob
-import itertools
 import os
-import threading
 import uuid
 from collections.abc import Callable
 from types import ModuleType, TracebackType
 
-import datafusion
 import duckdb
 import duckdb_extension_avro
 import duckdb_extension_iceberg
 import pyarrow as pa
 from pyiceberg.table import Table
 from pyiceberg.types import ListType
+
+from tests.rust_reader import shared_reader
 
 READERS = ("duckdb", "iceberg-rust")
 """The readers beside pyiceberg, by the names messages use."""
@@ -59,66 +58,11 @@ def read_with_duckdb(table: Table, con: duckdb.DuckDBPyConnection | None = None)
             con.close()
 
 
-_names = itertools.count()
-
-
-def read_with_iceberg_rust(
-    table: Table,
-    ctx: datafusion.SessionContext | None = None,
-    columns: list[str] | None = None,
-) -> pa.Table:
+def read_with_iceberg_rust(table: Table, columns: list[str] | None = None) -> pa.Table:
     """The table's current snapshot (``columns`` of it, or all) as iceberg-rust reads it:
-    pyiceberg's ``Table.__datafusion_table_provider__`` hands DataFusion pyiceberg-core's
-    ``IcebergDataFusionTable`` for the same metadata file (on ``ctx``, or on a context
-    of its own)."""
-    try:
-        return _within(lambda: _read_rust(table, ctx, columns))
-    except TimeoutError:
-        # Once more, on a context of its own (see RUST_READ_SECONDS).
-        return _within(lambda: _read_rust(table, None, columns))
-
-
-# iceberg-rust's scan can block forever on a table with position-delete files (a lost
-# wake-up in its delete-file loader, rare and timing-dependent: seen once in the suite
-# on a 2-core machine, where the same table then read at once in a fresh process;
-# risingwavelabs/risingwave#21848 fixed it in their fork of iceberg-rust). A read that
-# has not returned after this long is abandoned on its thread and tried once more.
-RUST_READ_SECONDS = 120.0
-
-
-def _within(read: Callable[[], pa.Table]) -> pa.Table:
-    done: list[pa.Table] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            done.append(read())
-        except BaseException as exc:  # re-raised on the caller's thread
-            failed.append(exc)
-
-    worker = threading.Thread(target=run, name="iceberg-rust-read", daemon=True)
-    worker.start()
-    worker.join(RUST_READ_SECONDS)
-    if failed:
-        raise failed[0]
-    if not done:
-        raise TimeoutError(f"iceberg-rust read no result in {RUST_READ_SECONDS:.0f}s")
-    return done[0]
-
-
-def _read_rust(
-    table: Table, ctx: datafusion.SessionContext | None, columns: list[str] | None
-) -> pa.Table:
-    ctx = datafusion.SessionContext() if ctx is None else ctx
-    name = f"t{next(_names)}"
-    ctx.register_table(name, table)
-    try:
-        frame = ctx.table(name)
-        if columns is not None:
-            frame = frame.select(*columns)
-        return frame.to_arrow_table()
-    finally:
-        ctx.deregister_table(name)
+    pyiceberg-core's DataFusion table provider for the same metadata file, in the test
+    run's reader process (:mod:`tests.rust_reader` says why a process)."""
+    return shared_reader().read(table, columns)
 
 
 def unreadable(reader: str, table: Table) -> list[str]:
@@ -140,11 +84,11 @@ def unreadable(reader: str, table: Table) -> list[str]:
 
 
 class Readers:
-    """One DuckDB connection and one DataFusion context, for reading several tables."""
+    """One DuckDB connection (and the run's iceberg-rust process), for reading several
+    tables."""
 
     def __init__(self) -> None:
         self._duckdb = duckdb_connection()
-        self._datafusion = datafusion.SessionContext()
 
     def read(self, reader: str, table: Table) -> pa.Table:
         """``table`` as ``reader`` (one of :data:`READERS`) reads it, in the reader's own
@@ -155,7 +99,7 @@ class Readers:
             arrow = read_with_duckdb(table, self._duckdb)
             return arrow.select(columns) if skip else arrow
         if reader == "iceberg-rust":
-            return read_with_iceberg_rust(table, self._datafusion, columns if skip else None)
+            return read_with_iceberg_rust(table, columns if skip else None)
         raise ValueError(f"no reader {reader!r}")
 
     def read_like(self, reader: str, table: Table, like: pa.Schema, name: str) -> pa.Table:
