@@ -15,8 +15,9 @@ process, for two reasons found the hard way:
   initialized") and aborts the whole run (exit 134) after every test has passed.
 
 So a read that has not answered after :data:`RUST_READ_SECONDS` (the child's start, its
-imports, is not counted) kills the child, starts a new one and is tried once more. The child reads requests on stdin and answers on the
-stdout it was started with; anything else it prints goes to stderr.
+imports, is not counted) kills the child, starts a new one and is tried once more. The
+child reads requests on stdin and answers on the stdout it was started with; anything
+else it prints goes to stderr.
 
 Run as ``python -m tests.rust_reader`` (by :class:`RustReader`, never by hand).
 """
