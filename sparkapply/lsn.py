@@ -14,6 +14,8 @@ class Lsn(int):
     __slots__ = ()
 
     def __new__(cls, value: int | str | Lsn) -> Lsn:
+        if type(value) is int and 0 <= value <= _MAX:  # the receive loop's: 2 a transaction
+            return int.__new__(cls, value)
         if isinstance(value, str):
             return cls.parse(value)
         if not 0 <= int(value) <= _MAX:

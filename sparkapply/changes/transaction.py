@@ -47,4 +47,6 @@ class CommittedTxn:
     nbytes: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "nbytes", sum(s.nbytes for s in self.segments))
+        segments = self.segments  # one segment, or none, but for a streamed transaction
+        nbytes = segments[0].nbytes if len(segments) == 1 else sum(s.nbytes for s in segments)
+        object.__setattr__(self, "nbytes", nbytes)
