@@ -77,7 +77,11 @@ class RustReader:
                 return self._ask(request)
             except RustReadTimeout:
                 self._stop()  # blocked: once more, in a new process
+            try:
                 return self._ask(request)
+            except RustReadTimeout:
+                self._stop()  # no blocked process is left for the next read
+                raise
 
     def close(self) -> None:
         with self._lock:

@@ -77,5 +77,6 @@ def test_a_stopped_reader_times_out_on_the_second_try_too(catalog: Catalog) -> N
         reader._started = stopped_start  # type: ignore[method-assign]
         with pytest.raises(RustReadTimeout):
             reader.read(table)
+        assert reader.pid is None  # the blocked replacement is killed too
     finally:
         reader.close()
