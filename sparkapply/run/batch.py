@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import SparkSession
 
 from sparkapply import collector
-from sparkapply.apply.fold.rowwise import TxnInput
+from sparkapply.apply.fold.rowwise import Runs, TxnInput
 from sparkapply.apply.job import run_tasks
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.staged import PieceFiles
@@ -375,9 +375,16 @@ class Applier:
         keyed = not tp.insert_only and tp.identity == "key" and len(tp.ordinals) == 1
         usable = staged is not None and (tp.insert_only or keyed)
         schema_id = state.table.schema().schema_id if usable else None
-        return tuple(
-            share.input(o, batch[o], tp.relation_ids, schema_id, keyed=keyed) for o in tp.ordinals
-        )
+        relids = tp.relation_ids
+        runs = Runs()
+        for o in tp.ordinals:
+            txn = batch[o]
+            if txn.staged is None or schema_id is None:  # most: no object per share
+                lsn = int(txn.commit_lsn)
+                runs.add_one(o, txn.xid, lsn, txn.segments, _relations_of(txn, relids))
+            else:
+                runs.add(share.input(o, txn, relids, schema_id, keyed=keyed))
+        return tuple(runs.inputs())
 
     def _run(self, tasks: list[TableTask]) -> list[TableResult]:
         return run_tasks(

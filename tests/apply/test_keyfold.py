@@ -17,10 +17,10 @@ import pytest
 
 from sparkapply.apply.fold.keyed import fold_keyed
 from sparkapply.apply.fold.path import NeedsRowFold
-from sparkapply.apply.fold.rowwise import TxnInput, coalesced, fold_table, uncoalesced
+from sparkapply.apply.fold.rowwise import Runs, TxnInput, coalesced, fold_table, uncoalesced
 from sparkapply.apply.write.effect import Target, apply_delta, write_effect
 from sparkapply.apply.write.parquet import TableWriter
-from sparkapply.changes.spool import SpoolWriter
+from sparkapply.changes.spool import SpoolSegment, SpoolWriter
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
@@ -277,13 +277,23 @@ def test_coalescing_round_trips(tmp_path: Path) -> None:
             spool.append(encode(m.Delete(None, 7, "K", key_tup(t, 3))), False)
         spool.flush()
         rels = (V2,) if rnd.random() < 0.05 else (V1,)
-        txns.append(TxnInput(t, 100 + t, 1000 + 3 * t, (spool.segment(start),), rels))
+        segments: tuple[SpoolSegment, ...] = (spool.segment(start),)
+        if rnd.random() < 0.05:  # a streamed transaction's spool and its stream's
+            first = other.append(encode(m.Delete(None, 7, "K", key_tup(t, 3))), False)
+            other.flush()
+            segments = (other.segment(first), *segments)
+        txns.append(TxnInput(t, 100 + t, 1000 + 3 * t, segments, rels))
     runs = coalesced(txns)
     assert 1 < len(runs) < len(txns)
     assert sum(r.members for r in runs) == len(txns)
     assert uncoalesced(runs) == txns
     assert coalesced(runs) == runs
     assert coalesced([*coalesced(txns[:77]), *coalesced(txns[77:])]) == runs
+    assert any(len(t.segments) == 2 for t in runs)
+    planned = Runs()  # as the planner adds shares: values, no input objects
+    for txn in txns:
+        planned.add_one(txn.ordinal, txn.xid, txn.commit_lsn, txn.segments, txn.relations)
+    assert planned.inputs() == runs
     assert pickle.loads(pickle.dumps(runs)) == runs
     assert pickle.loads(pickle.dumps(txns)) == txns
     for r in runs:
