@@ -62,6 +62,37 @@ def arrow_schema_of(table: Table) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
 
 
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """No rows in ``schema``. Not ``schema.empty_table()``: pyarrow cannot make an
+    empty list of an extension type that way (a ``uuid[]`` column is a list of
+    ``arrow.uuid``: ArrowNotImplementedError "extension")."""
+    return pa.Table.from_batches([], schema)
+
+
+def python_array(values: list[object], arrow_type: pa.DataType) -> pa.Array:
+    """``values`` as ``to_pylist`` gives them, as an array of ``arrow_type``. pyarrow
+    makes a list of an extension type from Python values only by way of the
+    extension's storage type, then a cast."""
+    storage = _storage_type(arrow_type)
+    if storage is arrow_type:
+        return pa.array(values, arrow_type)
+    return pa.array(values, storage).cast(arrow_type)
+
+
+def _storage_type(arrow_type: pa.DataType) -> pa.DataType:
+    """``arrow_type`` with every extension type replaced by its storage type; the
+    same object when it has none."""
+    if isinstance(arrow_type, pa.BaseExtensionType):
+        return _storage_type(arrow_type.storage_type)
+    if pa.types.is_large_list(arrow_type) or pa.types.is_list(arrow_type):
+        value = _storage_type(arrow_type.value_type)
+        if value is arrow_type.value_type:
+            return arrow_type
+        field = arrow_type.value_field.with_type(value)
+        return pa.large_list(field) if pa.types.is_large_list(arrow_type) else pa.list_(field)
+    return arrow_type
+
+
 def data_directory(table: Table) -> str:
     """Where executors write new data files (honours ``write.data.path``), as a URI.
 

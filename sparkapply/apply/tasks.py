@@ -134,9 +134,24 @@ def internal_error(exc: Exception, table: str | None, commit_lsns: Sequence[int]
         f"unexpected {type(exc).__name__} while applying: {exc}",
         table=table,
         lsns=lsns,
+        at=_where(exc),
         hint="this is a bug in sparkapply, not in the data: nothing of the batch was "
         "acknowledged; report it with this message and the log",
     )
+
+
+def _where(exc: BaseException) -> str | None:
+    """The innermost line of sparkapply's own code ``exc`` passed through, as
+    ``apply/fold/keyed.py:99``: a bug report's first clue, since an executor's
+    traceback does not reach the driver's log."""
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/sparkapply/" in path:
+            where = f"{path.rsplit('/sparkapply/', 1)[1]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def _run(task: TableTask, result: TableResult) -> None:

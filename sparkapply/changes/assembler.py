@@ -400,7 +400,7 @@ class Assembler:
             segments=(segment,) if segment.nbytes else (),
             relation_ids=frozenset(txn.relation_ids),
             relations=txn.start_relations,
-            relation_messages=tuple(txn.relation_messages),
+            relation_messages=txn.described(),
             n_changes=txn.n_changes,
             has_truncate=txn.has_truncate,
             mutated_relation_ids=frozenset(txn.mutated),

@@ -40,6 +40,14 @@ class OpenTxn:
         if xid != self.xid and xid not in self.subxacts:
             self.subxacts[xid] = self.writer.offset
 
+    def described(self) -> tuple[m.Relation, ...]:
+        """Its RELATION messages, of the relations it changes. pgoutput also describes
+        a partition whose changes it publishes as its root's (``publish_via_partition
+        _root``: the root, then the partition), and no change ever names that
+        partition: counted, it would be a table of the mirror that no one published."""
+        ids = self.relation_ids
+        return tuple(r for r in self.relation_messages if r.relation_id in ids)
+
     def touch(self, relid: int, relations: Mapping[int, m.Relation]) -> None:
         """The transaction changes ``relid``: record the cache entry in effect (from
         ``relations``, the relation cache) if this is its first change to it."""

@@ -60,7 +60,7 @@ def stage_prepared(
         relation_ids=frozenset(txn.relation_ids),
         mutated_relation_ids=frozenset(txn.mutated),
         start_relations=tuple(wire(r) for r in txn.start_relations.values()),
-        own_relations=tuple(wire(r) for r in txn.relation_messages),
+        own_relations=tuple(wire(r) for r in txn.described()),
         streamed=txn.streamed,
         source=segment,
         move=is_stream,

@@ -39,7 +39,9 @@ def read_table(table: Table, *, snapshot_id: int | None = None) -> pa.Table:
     Files written without field ids are resolved through the table's name mapping,
     and columns added after a file was written read as null, as in every engine.
     """
-    return table.scan(snapshot_id=snapshot_id).to_arrow()
+    # Not ``to_arrow()``: with no row left it makes ``schema.empty_table()``, which
+    # pyarrow cannot for a list of uuid; the reader's empty result has the schema.
+    return table.scan(snapshot_id=snapshot_id).to_arrow_batch_reader().read_all()
 
 
 def latest_cut(

@@ -136,9 +136,7 @@ def arrow_texts(array: pa.Array | pa.ChunkedArray, target: ColumnTarget) -> pa.A
         # One chunk as it is: combining would copy it.
         chunks = array.chunks
         array = (
-            chunks[0]
-            if len(chunks) == 1
-            else pa.concat_arrays(chunks or [pa.array([], array.type)])
+            chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks or [pa.nulls(0, array.type)])
         )
     kind = target.kind
     if kind is ColumnKind.LIST:

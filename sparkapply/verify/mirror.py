@@ -16,11 +16,12 @@ import numpy.typing as npt
 import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import load_file_io
-from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 
 from sparkapply.convert.types import ColumnTarget
+from sparkapply.datafiles import empty_table
 from sparkapply.verify.canonical import (
     HASH_MOD,
     arrow_hashes,
@@ -116,13 +117,23 @@ def _run(task: _Task) -> tuple[Buckets, list[RowTexts]]:
     scan = ArrowScan(task.metadata, io, schema, AlwaysTrue())
     out: Buckets = {}
     rows: list[RowTexts] = []
+    arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
     for file in task.files:  # one at a time: a task's files together may not fit
-        arrow = scan.to_table([file])
+        arrow = _read(scan, file, arrow_schema)
         if task.wanted is not None:
             rows.extend(rows_in(arrow, task.shape, task.wanted))
             continue
         add_buckets(out, sums(arrow, task.shape))
     return out, rows
+
+
+def _read(scan: ArrowScan, file: FileScanTask, arrow_schema: pa.Schema) -> pa.Table:
+    """``ArrowScan.to_table([file])``, also when no row is left: pyiceberg then makes
+    ``arrow_schema.empty_table()``, which pyarrow cannot for a list of uuid."""
+    tables = [pa.Table.from_batches([b]) for b in scan.to_record_batches([file])]
+    if not tables:
+        return empty_table(arrow_schema)
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def _plan(

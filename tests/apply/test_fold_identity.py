@@ -100,7 +100,8 @@ def test_a_batch_is_cut_where_a_table_changes_identity() -> None:
 
 def test_a_bug_in_a_task_names_table_and_lsns_and_offers_no_skip(tmp_path: Path) -> None:
     """An exception of our own code (here: a schema without the key column) comes back
-    as an InternalError naming the table and the LSN range; `skip` is not offered."""
+    as an InternalError naming the table, the LSN range and the line of our code it
+    came through last; `skip` is not offered."""
     import pickle
 
     import pyarrow as pa
@@ -125,6 +126,8 @@ def test_a_bug_in_a_task_names_table_and_lsns_and_offers_no_skip(tmp_path: Path)
     assert isinstance(error, InternalError)
     assert error.context["table"] == "public.t"
     assert error.context["lsns"] == "0/3A1C1A0..0/3A1C1A0"
+    file, line = error.context["at"].rsplit(":", 1)  # our innermost line: where to look
+    assert file.startswith("apply/") and file.endswith(".py") and int(line) > 0
     assert "skip" not in str(error) and "bug in sparkapply" in str(error)
 
 

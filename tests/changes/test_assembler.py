@@ -40,6 +40,31 @@ def test_ordinary_transactions_in_commit_order(tmp_path: Path) -> None:
     assert f.progress.flushed == 0  # nothing durable yet
 
 
+def test_a_partition_described_beside_its_root_is_not_the_transactions(tmp_path: Path) -> None:
+    """publish_via_partition_root: pgoutput describes the root, then the partition the
+    change is in, then sends the change named by the root. Only the root is a relation
+    of the transaction (the apply makes no table of the partition), in an ordinary,
+    a streamed and a prepared transaction alike."""
+
+    def described(xid: int | None, relid: int, name: str) -> m.Relation:
+        return m.Relation(xid, relid, "public", name, "d", REL.columns)
+
+    def change(xid: int | None, v: int) -> m.Insert:
+        return m.Insert(xid, 200, m.TupleData(b"t", (str(v).encode(),)))
+
+    f = Feed(tmp_path)
+    root, leaf = described(None, 200, "meas"), described(None, 201, "meas_2024")
+    f(m.Begin(2000, 0, 1), root, leaf, change(None, 1), m.Commit(0, 1990, 2000, 0))
+    f(m.StreamStart(10, True), described(10, 200, "meas"), described(10, 202, "meas_2025"))
+    f(change(10, 2), m.StreamStop(), m.StreamCommit(10, 0, 5000, 5010, 0))
+    f(m.BeginPrepare(6000, 6010, 0, 7, "g"), leaf, change(None, 3))
+    f(m.Prepare(0, 6000, 6010, 0, 7, "g"), m.CommitPrepared(0, 7000, 7010, 0, 7, "g"))
+    txns = f.take()
+    assert [[r.name for r in t.relation_messages] for t in txns] == [["meas"], ["meas"], []]
+    assert [t.relation_ids for t in txns] == [{200}] * 3
+    assert [f.values(t) for t in txns] == [[1], [2], [3]]
+
+
 def test_subtransaction_abort_truncates_and_keeps_relation(tmp_path: Path) -> None:
     f = Feed(tmp_path)
     f(m.StreamStart(10, True), rel(10), row(1, 10), row(2, 11), m.StreamStop())

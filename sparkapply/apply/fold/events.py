@@ -45,6 +45,7 @@ from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import Layout, TxnInput, coalesced, uncoalesced
 from sparkapply.apply.write.columns import convert_columns, fit_table
 from sparkapply.changes.spool import read_chunks
+from sparkapply.datafiles import empty_table
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.columnar import ChangeRun, ChunkIndex, decode_changes, stream_decoders
@@ -297,4 +298,4 @@ def gather_rows(st: FoldInput, g: Grouped, keep: np.ndarray, raw: RawColumns) ->
             continue
         cols = convert_columns(part.layout, raw(p_i, part, rows, span[rows]), st.schema)
         pieces.append(fit_table(cols, len(rows), st.schema))
-    return pa.concat_tables(pieces) if pieces else st.schema.empty_table()
+    return pa.concat_tables(pieces) if pieces else empty_table(st.schema)

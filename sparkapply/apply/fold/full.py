@@ -39,6 +39,7 @@ from sparkapply.apply.fold import events
 from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import Layout, TxnInput
 from sparkapply.apply.write.columns import convert_columns
+from sparkapply.datafiles import empty_table
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.keys import canonical_keys
 
@@ -146,7 +147,7 @@ def _filled_new(part: events.FoldPart) -> list[pa.Array]:
 
 
 def _net(st: events.FoldInput) -> FullEffect:
-    effect = FullEffect(st.schema.empty_table())
+    effect = FullEffect(empty_table(st.schema))
     if not st.parts:
         return effect
     if len({p.layout for p in st.parts}) > 1:

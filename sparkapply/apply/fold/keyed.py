@@ -50,6 +50,7 @@ from sparkapply.apply.fold import events
 from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.write.columns import convert_columns
+from sparkapply.datafiles import empty_table
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.columnar import ChangeRun
 from sparkapply.plan.keys import comparable
@@ -96,7 +97,7 @@ def _typed_keys(part: events.FoldPart, schema: pa.Schema, old: bool) -> list[pa.
 
 
 def _net(st: events.FoldInput, partition: tuple[int, int] = (0, 1)) -> NetEffect:
-    effect = NetEffect(st.schema.empty_table(), [])
+    effect = NetEffect(empty_table(st.schema), [])
     log, renames = _key_events(st)
     on_keys = log.events()
     if on_keys is None:

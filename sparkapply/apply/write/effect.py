@@ -34,7 +34,7 @@ from sparkapply.apply.write.locate import key_matcher, key_pruner, live_rows, lo
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.convert.types import PgColumnType
 from sparkapply.convert.values import to_arrow
-from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
+from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, empty_table, python_array
 from sparkapply.errors import SparkapplyError
 from sparkapply.plan.keys import canonical_keys, comparable
 
@@ -111,21 +111,24 @@ def _fill_from_table(effect: NetEffect, key_names: Sequence[str], target: Target
         prior = upserts.select([*key_names, *columns]).slice(0, 0)
     k = [f"__k{i}" for i in range(len(key_names))]
     left = pa.table({**dict(zip(k, keys, strict=True)), "__row": pa.array(rows)})
+    # The join carries row numbers, not the values: Acero cannot carry every type
+    # (a list of uuid is "not supported in join non-key field"); take can.
     right = pa.table(
         {
             **{
                 n: comparable(prior.column(c)).cast(key.type)
                 for n, c, key in zip(k, key_names, keys, strict=True)
             },
-            **{f"__v_{c}": prior.column(c) for c in columns},
+            "__prior": pa.array(np.arange(prior.num_rows, dtype=np.int64)),
         }
     )
     joined = left.join(right, keys=k, join_type="left outer")
     at = {int(r): i for i, r in enumerate(joined.column("__row").to_pylist())}
+    prior_rows = joined.column("__prior").combine_chunks()  # null: no pre-batch row
     for name in columns:
         mask = effect.fills[name]
         col = upserts.column(name).combine_chunks()
-        values = joined.column(f"__v_{name}").combine_chunks()
+        values = prior.column(name).combine_chunks().take(prior_rows)
         if values.type != col.type:
             values = values.cast(col.type)
         take = np.arange(upserts.num_rows)
@@ -173,7 +176,7 @@ def rows_to_arrow(rows: Sequence[Row], schema: pa.Schema) -> tuple[pa.Table, dic
             columns[name] = arr
         parts.append(fit_table(columns, len(idxs), schema))
     if not parts:
-        return schema.empty_table(), {}
+        return empty_table(schema), {}
     table = pa.concat_tables(parts)
     # Back to the callers' row order, so indexes line up with ``rows``.
     inverse = [0] * len(order)
@@ -294,7 +297,7 @@ def _fill_unchanged(
             prior = found.get(canon_of.get(src, b"")) if src is not None else None
             # No pre-batch row (never copied): the value is unknown, stored as null.
             values[i] = prior.get(name) if prior else None
-        col = pa.array(values, type=target.schema.field(name).type)
+        col = python_array(values, target.schema.field(name).type)
         table = table.set_column(table.schema.get_field_index(name), name, col)
     return table
 
