@@ -212,6 +212,7 @@ class Applier:
         self._states: dict[TableIdent, contract.TableState] = {}
         self._applied: dict[tuple[str, str], Lsn] = {}
         self._known: set[TableIdent] = set()
+        self._columnless: set[str] = set()  # tables warned of (see _columnless_table)
         self.retain_snapshots = retain_snapshots
         self.split_bytes = split_bytes
         # With maintenance on, expiry here also deletes the files only expired
@@ -289,6 +290,8 @@ class Applier:
         used: set[str] = set()
         for tp in plan.tables:
             state = planned[tp.name] = loaded[tp.ident]
+            if self._columnless_table(tp.name, state):
+                continue
             staged = _StagedShare(tp.name)
             txns = self._inputs(tp, state, batch, staged)
             if staged.files or staged.keyed:
@@ -360,6 +363,22 @@ class Applier:
                 txn.staged.finish(used)
         stats.finished = time.monotonic()
         return stats
+
+    def _columnless_table(self, name: str, state: contract.TableState) -> bool:
+        """A table without a column (``CREATE TABLE t ()``, or a column list that
+        publishes none) has rows in PostgreSQL but none Iceberg can hold: a row is its
+        values. Its changes are left out, as the initial copy leaves its rows out, with
+        a warning once per run; when it gains a column, the changes from then on apply."""
+        if state.table.schema().fields:
+            return False
+        if name not in self._columnless:
+            self._columnless.add(name)
+            log.warning(
+                "table %s publishes no columns; its rows are not mirrored (Iceberg holds "
+                "no row without a value)",
+                name,
+            )
+        return True
 
     def _inputs(
         self,

@@ -423,3 +423,28 @@ def test_lists_of_uuid(mirror: Mirror) -> None:
         ("public.seen", 9),
         ("public.gone", 0),
     }
+
+
+def test_a_table_without_columns(mirror: Mirror) -> None:
+    """``CREATE TABLE t ()`` has rows in PostgreSQL, and Iceberg holds no row without a
+    value: its rows are left out, by the copy and by the stream alike (the apply of the
+    batch's other tables goes on), until it gains a column."""
+    mirror.sql(
+        "CREATE TABLE nocols ()",
+        "INSERT INTO nocols DEFAULT VALUES",
+        "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        "CREATE PUBLICATION pub FOR TABLE nocols, t",
+    )
+    mirror.run()
+    mirror.sql(
+        "BEGIN",
+        "INSERT INTO nocols DEFAULT VALUES",
+        "INSERT INTO t VALUES (1, 1)",
+        "COMMIT",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    assert mirror.iceberg_rows("public.nocols")[1] == []
+    mirror.sql("ALTER TABLE nocols ADD COLUMN c int", "INSERT INTO nocols VALUES (7)")
+    mirror.run()
+    assert mirror.iceberg_rows("public.nocols") == (["c"], [(7,)])
