@@ -155,8 +155,11 @@ def describe_tables(
         columns.setdefault(int(relid), []).append(
             (str(attname), int(typid), int(typmod), bool(is_key), bool(generated))
         )
+    # pgoutput publishes a generated column from PostgreSQL 18 on only (and then as
+    # pg_publication_tables says); PostgreSQL 15's view lists them all the same.
+    generated_ok = conn.info.server_version >= 180000
     return [
-        _describe(key, rows, columns.get(int(rows[0][2]), []), block_size)
+        _describe(key, rows, columns.get(int(rows[0][2]), []), block_size, generated_ok)
         for key, rows in grouped.items()
     ]
 
@@ -166,6 +169,7 @@ def _describe(
     rows: list[tuple[Any, ...]],
     attributes: list[tuple[str, int, int, bool, bool]],
     block_size: int,
+    generated_ok: bool = True,
 ) -> SourceTable:
     schema, name = key
     _, _, oid, relkind, replident, _, _, size, reltuples = rows[0]
@@ -187,6 +191,7 @@ def _describe(
         RelationColumn(1 if (full or is_key) else 0, attname, typid, typmod)
         for attname, typid, typmod, is_key, generated in attributes
         if (attname in published if published is not None else not generated)
+        and (generated_ok or not generated)
     )
     return SourceTable(
         schema=schema,
