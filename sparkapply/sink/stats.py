@@ -1,8 +1,11 @@
 """What a table holds, for ``sparkapply status``: applied LSN, last commit, counts.
 
-Read from the current snapshot's summary (``total-records``, ``total-data-files``,
-``total-delete-files``), which every writer (pyiceberg, Spark, Trino) keeps up to
-date, so no manifest is opened. Read-only: safe while ``run`` commits.
+Read from the current snapshot's summary (``total-records``,
+``total-position-deletes``, ``total-data-files``, ``total-delete-files``), which every
+writer (pyiceberg, Spark, Trino) keeps up to date, so no manifest is opened. The rows
+are the records less the position deletes: merge-on-read keeps a replaced row's old
+version in its data file until compaction, named by a position delete, and a reader
+sees the table's rows, not its records. Read-only: safe while ``run`` commits.
 """
 
 from __future__ import annotations
@@ -51,7 +54,13 @@ def table_stats(catalog: Catalog, ident: tuple[str, str]) -> TableStats:
         applied_lsn=lsn,
         last_commit=dt.datetime.fromtimestamp(snapshot.timestamp_ms / 1000, dt.UTC),
         snapshot_id=snapshot.snapshot_id,
-        rows=count("total-records"),
+        rows=_live_rows(count("total-records"), count("total-position-deletes")),
         data_files=count("total-data-files"),
         delete_files=count("total-delete-files"),
     )
+
+
+def _live_rows(records: int | None, position_deletes: int | None) -> int | None:
+    if records is None:
+        return None
+    return records - (position_deletes or 0)
