@@ -19,7 +19,9 @@ from sparkapply.source.publisher import check_publisher
 
 def resync(config: Config, table: str, *, spark: Any = None, catalog: Any = None) -> CopyReport:
     """Re-copy one published table (``schema.table``) as of a fresh snapshot and
-    replace its Iceberg contents in one snapshot. The subscriber must be stopped."""
+    replace its Iceberg contents in one snapshot. The subscriber must be stopped. A
+    column whose type changed on the publisher past what Iceberg can widen (the apply
+    stops at it) is replaced by one of the new type: every row is written again."""
     schema, sep, name = table.partition(".")
     if not sep or not schema or not name:
         raise ConfigError(f"--table must be schema.table, got {table!r}", key="--table")
@@ -53,5 +55,5 @@ def resync(config: Config, table: str, *, spark: Any = None, catalog: Any = None
         from sparkapply.apply.session import get_session
 
         spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
-    copier = TableCopier(config, spark, catalog)
+    copier = TableCopier(config, spark, catalog, replace_changed=True)
     return copier.copy_from_temporary_snapshot([(schema, name)], f"resync of {schema}.{name}")

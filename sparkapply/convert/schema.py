@@ -234,6 +234,9 @@ class EvolutionPlan:
     lsn: int | None
     add: tuple[AddColumn, ...] = ()
     widen: tuple[WidenColumn, ...] = ()
+    # Columns whose type changed past what Iceberg can widen, planned with
+    # ``replace_changed`` (a resync, which rewrites every row): (name, new type).
+    replace: tuple[tuple[str, IcebergType], ...] = ()
     dropped: tuple[str, ...] = ()
     identifier_field_names: tuple[str, ...] = ()
     identifier_changed: bool = False
@@ -246,6 +249,7 @@ class EvolutionPlan:
         return bool(
             self.add
             or self.widen
+            or self.replace
             or self.identifier_changed
             or self.make_required
             or self.make_optional
@@ -258,10 +262,13 @@ def plan_evolution(
     type_names: Mapping[int, str] | None = None,
     *,
     lsn: int | None = None,
+    replace_changed: bool = False,
 ) -> EvolutionPlan:
     """Compare a table's Iceberg schema with a RELATION message (see SCHEMA CHANGES).
 
-    Raises :class:`SchemaChangeError` for a type change Iceberg cannot follow.
+    Raises :class:`SchemaChangeError` for a type change Iceberg cannot follow; with
+    ``replace_changed`` (a resync: every row is written again) plans to replace the
+    column instead.
     """
     table = table_name(relation)
     by_name = {f.name: f for f in current.fields}
@@ -272,6 +279,7 @@ def plan_evolution(
     new_ids = identifier_columns(relation, type_names)
     add: list[AddColumn] = []
     widen: list[WidenColumn] = []
+    replace: list[tuple[str, IcebergType]] = []
     for name, ctype in columns:
         target = column_target(ctype)
         field = by_name.get(name)
@@ -284,6 +292,9 @@ def plan_evolution(
         new_type = iceberg_type(target, unused_ids.__next__)
         pg_type = pg_type_name(ctype)
         found = widenings(field.field_type, new_type, (name,), field.field_id, pg_type)
+        if found is None and replace_changed:
+            replace.append((name, new_type))
+            continue
         if found is None:
             raise _type_change_error(table, name, field.field_type, new_type, pg_type, lsn)
         widen.extend(found)
@@ -295,6 +306,7 @@ def plan_evolution(
         lsn=lsn,
         add=tuple(add),
         widen=tuple(widen),
+        replace=tuple(replace),
         dropped=tuple(f.name for f in current.fields if f.name not in present),
         identifier_field_names=new_ids,
         identifier_changed=set(new_ids) != old_ids,
@@ -351,8 +363,8 @@ def _type_change_error(
         f'column "{column}" of {table} changed type: Iceberg has {old}, PostgreSQL now '
         f"sends {pg_type} ({new}), and Iceberg can only widen int to long, "
         "float to double and decimal(P,S) to a larger P",
-        hint="revert the type change on the publisher, or recreate the Iceberg table and "
-        "resynchronise it (drop the table and restart with a fresh copy)",
+        hint="revert the type change on the publisher; or stop sparkapply and copy the "
+        f"table again with the new type: sparkapply resync --config <file> --table {table}",
         relation=table,
         column=column,
         lsn=lsn,

@@ -169,9 +169,13 @@ class TableCopier:
         *,
         check_interval: float = PUBLICATION_CHECK_INTERVAL,
         slice_bytes: int = DEFAULT_SLICE_BYTES,
+        replace_changed: bool = False,
     ) -> None:
         self.config = config
         self.catalog = catalog
+        # A resync writes every row again, so a column whose type changed past what
+        # Iceberg can widen is replaced (sink/tables.py, replace_columns), not refused.
+        self.replace_changed = replace_changed
         self.check_interval = check_interval
         self._job = SliceJob(spark, config.source.dsn, slice_bytes)
         self._copied: list[tuple[str, str]] = []  # committed since take_copied()
@@ -369,7 +373,9 @@ class TableCopier:
         """Create the Iceberg table, or evolve it to the source's columns, as the
         applier does for a RELATION message."""
         ident = self.target(source.schema, source.name)
-        return table_for_relation(self.catalog, ident, source.relation, lsn=lsn)
+        return table_for_relation(
+            self.catalog, ident, source.relation, lsn=lsn, replace_changed=self.replace_changed
+        )
 
     def _commit(
         self,

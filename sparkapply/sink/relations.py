@@ -15,23 +15,45 @@ from sparkapply.convert.schema import (
 )
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.messages import Relation
-from sparkapply.sink.tables import TableIdentifier, apply_evolution, ensure_table
+from sparkapply.sink.tables import (
+    TableIdentifier,
+    apply_evolution,
+    ensure_table,
+    replace_columns,
+)
 
 
 def table_for_relation(
-    catalog: Catalog, ident: TableIdentifier, relation: Relation, *, lsn: int | None
+    catalog: Catalog,
+    ident: TableIdentifier,
+    relation: Relation,
+    *,
+    lsn: int | None,
+    replace_changed: bool = False,
 ) -> Table:
     """Load (or create) the table and evolve its schema to ``relation``."""
     table = ensure_table(catalog, ident, iceberg_schema_for(relation))
-    return evolve_to(catalog, ident, table, relation, lsn=lsn)
+    return evolve_to(catalog, ident, table, relation, lsn=lsn, replace_changed=replace_changed)
 
 
 def evolve_to(
-    catalog: Catalog, ident: TableIdentifier, table: Table, relation: Relation, *, lsn: int | None
+    catalog: Catalog,
+    ident: TableIdentifier,
+    table: Table,
+    relation: Relation,
+    *,
+    lsn: int | None,
+    replace_changed: bool = False,
 ) -> Table:
     """Apply what ``relation`` changes in the table's schema (nothing if nothing does);
-    a change Iceberg cannot follow raises SchemaChangeError naming table, column, LSN."""
-    plan = plan_evolution(table.schema(), relation, lsn=lsn)
+    a change Iceberg cannot follow raises SchemaChangeError naming table, column, LSN,
+    unless ``replace_changed`` (a resync, which writes every row again): then such a
+    column is replaced by one of the new type, in its place."""
+    plan = plan_evolution(table.schema(), relation, lsn=lsn, replace_changed=replace_changed)
+    if plan.replace:
+        replace_columns(table, plan.replace, None if lsn is None else Lsn(lsn))
+        table = catalog.load_table(ident)
+        plan = plan_evolution(table.schema(), relation, lsn=lsn)
     if not plan.requires_update:
         return table
     changed = apply_evolution(

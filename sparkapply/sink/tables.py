@@ -217,6 +217,53 @@ def apply_evolution(
     return True
 
 
+def replace_columns(
+    table: Table, columns: Sequence[tuple[str, IcebergType]], lsn: Lsn | None
+) -> None:
+    """Replace each column by an optional one of the new type, in the same place, in
+    one metadata commit: for a resync, which writes every row again, after a type
+    change Iceberg cannot widen. The old field is deleted and a new one added (two
+    schema updates: one that deletes a name and adds it again finds the old field
+    when it moves it). Old snapshots keep the old field, but files are resolved by
+    column name, and the name now means the new field: at a snapshot before the
+    resync the column reads as null. A replaced key column leaves the table without
+    identifier fields."""
+    name = table_name(table)
+    schema = table.schema()
+    order = [f.name for f in schema.fields]
+    replaced = {c for c, _ in columns}
+    txn = table.transaction()
+    try:
+        with txn.update_schema(allow_incompatible_changes=True) as update:
+            if replaced & set(schema.identifier_field_names()):
+                update.set_identifier_fields()
+            for column in sorted(replaced):
+                update.delete_column(column)
+        with txn.update_schema() as update:
+            for column, new_type in columns:
+                update.add_column((column,), new_type, required=False)
+            for column in order:
+                if column in replaced:
+                    at = order.index(column)
+                    if at == 0:
+                        update.move_first(column)
+                    else:
+                        update.move_after(column, order[at - 1])
+    except (ValidationError, ValueError) as exc:
+        raise SchemaChangeError(
+            f"Iceberg refused the schema change: {exc}", table=name, lsn=lsn
+        ) from exc
+    _ensure_name_mapping(txn)
+    _commit_metadata(txn, name, "column replacement", lsn=lsn)
+    logger.warning(
+        "replaced column(s) %s of Iceberg table %s with the new type (%s); at a "
+        "snapshot before this one they read as null",
+        sorted(replaced),
+        name,
+        ", ".join(f"{c} {t}" for c, t in columns),
+    )
+
+
 def _column_changes(
     table: str,
     top: Mapping[str, NestedField],

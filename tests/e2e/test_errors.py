@@ -8,8 +8,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from sparkapply.commands.resync import resync
 from sparkapply.embedded import EmbeddedPostgres
 from sparkapply.errors import PublicationError, SchemaChangeError, SlotError, SourceError
+from sparkapply.sink.read import read_table
 from tests.mirror import Mirror, cli
 
 pytestmark = pytest.mark.integration
@@ -59,6 +61,37 @@ def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -
     assert ok == (True,)
     _, rows = mirror.iceberg_rows("public.t")
     assert sorted(rows) == [(1, 1), (2, 2)]
+    assert "sparkapply resync --config <file> --table public.t" in text  # the way on
+
+    # The way on: resync copies the table again and replaces the column (in its place)
+    # with one of the new type; the stream then goes on past the ALTER.
+    old_snapshot = mirror.iceberg_table("public.t").current_snapshot()
+    assert old_snapshot is not None
+    mirror.sql("ALTER TABLE t ADD COLUMN later int", "INSERT INTO t VALUES (4, 'four', 4)")
+    resync(mirror.config, "public.t", spark=mirror.spark, catalog=mirror.catalog)
+    mirror.sql("UPDATE t SET n = n || '!' WHERE id <= 3", "INSERT INTO t VALUES (5, 'five', 5)")
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    assert [f.name for f in mirror.iceberg_table("public.t").schema().fields] == [
+        "id",
+        "n",
+        "later",
+    ]
+    _, rows = mirror.iceberg_rows("public.t")
+    assert sorted(rows) == [
+        (1, "1!", None),
+        (2, "2!", None),
+        (3, "three!", None),
+        (4, "four", 4),
+        (5, "five", 5),
+    ]
+    # Documented: files are resolved by column name, and the name now means the new
+    # field, so at a snapshot before the resync the replaced column reads as null.
+    before = read_table(mirror.iceberg_table("public.t"), snapshot_id=old_snapshot.snapshot_id)
+    assert sorted(before.to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "n": None},
+        {"id": 2, "n": None},
+    ]
 
 
 def test_wal_level_replica_is_refused(tmp_path: Path) -> None:
