@@ -189,23 +189,15 @@ def apply_evolution(
     if not new_columns and not type_updates and new_key is None and not optional:
         return False
 
-    txn = table.transaction()
-    try:
-        with txn.update_schema() as update:
-            for column, new_type in new_columns:
-                update.add_column((column,), new_type, required=False)
-            for path, new_type in type_updates:
-                update.update_column(path, field_type=new_type)
-            if new_key is not None:
-                update.set_identifier_fields(*new_key)
-            for column in optional:
-                update.make_column_optional(column)
-    except (ValidationError, ValueError) as exc:
-        raise SchemaChangeError(
-            f"Iceberg refused the schema change: {exc}", table=name, lsn=lsn
-        ) from exc
-    _ensure_name_mapping(txn)
-    _commit_metadata(txn, name, "schema change", lsn=lsn)
+    with _schema_commit(table, "schema change", lsn) as txn, txn.update_schema() as update:
+        for column, new_type in new_columns:
+            update.add_column((column,), new_type, required=False)
+        for path, new_type in type_updates:
+            update.update_column(path, field_type=new_type)
+        if new_key is not None:
+            update.set_identifier_fields(*new_key)
+        for column in optional:
+            update.make_column_optional(column)
     logger.info(
         "evolved Iceberg table %s: added %s, widened %s, key %s, now optional %s",
         name,
@@ -215,6 +207,21 @@ def apply_evolution(
         optional,
     )
     return True
+
+
+@contextlib.contextmanager
+def _schema_commit(table: Table, what: str, lsn: Lsn | None) -> Iterator[Transaction]:
+    """A transaction for schema updates, committed with the name mapping brought up to
+    date; an update Iceberg refuses is a :class:`SchemaChangeError` naming the table."""
+    txn = table.transaction()
+    try:
+        yield txn
+    except (ValidationError, ValueError) as exc:
+        raise SchemaChangeError(
+            f"Iceberg refused the schema change: {exc}", table=table_name(table), lsn=lsn
+        ) from exc
+    _ensure_name_mapping(txn)
+    _commit_metadata(txn, table_name(table), what, lsn=lsn)
 
 
 def replace_columns(
@@ -232,8 +239,7 @@ def replace_columns(
     schema = table.schema()
     order = [f.name for f in schema.fields]
     replaced = {c for c, _ in columns}
-    txn = table.transaction()
-    try:
+    with _schema_commit(table, "column replacement", lsn) as txn:
         with txn.update_schema(allow_incompatible_changes=True) as update:
             if replaced & set(schema.identifier_field_names()):
                 update.set_identifier_fields()
@@ -249,12 +255,6 @@ def replace_columns(
                         update.move_first(column)
                     else:
                         update.move_after(column, order[at - 1])
-    except (ValidationError, ValueError) as exc:
-        raise SchemaChangeError(
-            f"Iceberg refused the schema change: {exc}", table=name, lsn=lsn
-        ) from exc
-    _ensure_name_mapping(txn)
-    _commit_metadata(txn, name, "column replacement", lsn=lsn)
     logger.warning(
         "replaced column(s) %s of Iceberg table %s with the new type (%s); at a "
         "snapshot before this one they read as null",
