@@ -45,6 +45,8 @@ class OpenTxn:
         a partition whose changes it publishes as its root's (``publish_via_partition
         _root``: the root, then the partition), and no change ever names that
         partition: counted, it would be a table of the mirror that no one published."""
+        if not self.relation_messages:  # most: on the receive loop's path per commit
+            return ()
         ids = self.relation_ids
         return tuple(r for r in self.relation_messages if r.relation_id in ids)
 
