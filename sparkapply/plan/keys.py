@@ -10,6 +10,11 @@ Arrow's compute kernels (sort, equality, ``is_in``, joins) have no kernels for
 extension types such as ``arrow.uuid``; :func:`comparable` gives every key column as
 its storage (a uuid is its 16 big-endian bytes, which sort as uuids do), so each key
 type PostgreSQL allows in a primary key sorts, compares and joins the same way.
+
+Floating-point keys compare as PostgreSQL's ``=`` does, not as Arrow's kernels do
+(bit patterns): ``-0`` equals ``0`` and every NaN equals every other, so a key updated
+from ``-0`` to ``0`` names the same row, as it does on the publisher. The values
+written are never these: a row keeps the text it arrived with.
 """
 
 from __future__ import annotations
@@ -29,16 +34,21 @@ def comparable(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
         arr = arr.combine_chunks()
     if isinstance(arr.type, pa.BaseExtensionType):
         return arr.storage
+    if pa.types.is_floating(arr.type):
+        return _float_equality(arr)
     return arr
 
 
+def _float_equality(arr: pa.Array) -> pa.Array:
+    """``arr`` with -0 as 0 and one NaN: equal as PostgreSQL's float equality says."""
+    zeroed = pc.add(arr, pa.scalar(0.0, arr.type))  # IEEE: -0 + 0 is +0
+    nan = pa.scalar(float("nan"), arr.type)
+    return pc.if_else(pc.is_nan(zeroed), nan, zeroed)
+
+
 def _as_binary(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
+    arr = comparable(arr)
     t = arr.type
-    if isinstance(t, pa.BaseExtensionType):
-        arr = arr.storage
-        t = arr.type
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         out = pc.cast(arr, pa.binary())
     elif pa.types.is_string(t) or pa.types.is_large_string(t):
