@@ -75,7 +75,8 @@ class TableVerdict:
     iceberg_rows: int | None
     publisher_hash: int
     iceberg_hash: int | None
-    differences: list[Difference] = field(default_factory=list)
+    differences: list[Difference] = field(default_factory=list)  # the first --max-rows
+    differing: int = 0  # every difference found (``differences`` lists the first few)
     note: str = ""
 
     @property
@@ -116,7 +117,7 @@ class VerifyReport:
                     f"{t.publisher_rows:,}",
                     "-" if t.iceberg_rows is None else f"{t.iceberg_rows:,}",
                     "match" if t.iceberg_hash == t.publisher_hash else "DIFFERS",
-                    t.note or str(len(t.differences)),
+                    t.note or f"{t.differing:,}",
                 )
             )
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
@@ -128,6 +129,9 @@ class VerifyReport:
                 what = f" ({', '.join(d.columns)})" if d.columns else ""
                 times = f" x{d.count}" if d.count != 1 else ""
                 lines.append(f"  {t.table}: {d.kind}: {d.row}{what}{times}")
+            if t.differing > len(t.differences):
+                more = t.differing - len(t.differences)
+                lines.append(f"  {t.table}: ... and {more:,} more (--max-rows shows more)")
         bad = [t.table for t in self.tables if not t.match]
         verdict = (
             f"MATCH: {len(self.tables)} tables equal the publisher at {self.lsn}"
@@ -278,7 +282,8 @@ def _compare(
         table = catalog.load_table(config.table_identifier(*source.key))
         assert verdict.snapshot_id is not None
         ours = mirror_rows(spark, table, verdict.snapshot_id, shape, frozenset(wanted))
-        verdict.differences = _differences(shape, theirs, ours, max_rows)
+        found = _differences(shape, theirs, ours)
+        verdict.differences, verdict.differing = found[:max_rows], len(found)
     return VerifyReport(point.lsn, verdicts)
 
 
@@ -312,8 +317,9 @@ def _split(name: str) -> tuple[str, str]:
 
 
 def _differences(
-    shape: Shape, theirs: Sequence[RowTexts], ours: Sequence[RowTexts], limit: int
+    shape: Shape, theirs: Sequence[RowTexts], ours: Sequence[RowTexts]
 ) -> list[Difference]:
+    """Every difference between the rows of the differing buckets, in key order."""
     names = [n for n, _ in shape.columns]
     out: list[Difference] = []
     if not shape.key:  # row images, by multiplicity
@@ -325,7 +331,7 @@ def _differences(
                 out.append(Difference("missing in Iceberg", show[row], count=delta))
             elif delta < 0:
                 out.append(Difference("extra in Iceberg", show[row], count=-delta))
-        return out[:limit]
+        return out
     key_at = [names.index(k) for k in shape.key]
     by_key_pg = {r.key: r for r in theirs}
     by_key_ice: dict[str, list[RowTexts]] = {}
@@ -349,7 +355,7 @@ def _differences(
                 n for n, a, b in zip(names, pg_row.values, ice_row.values, strict=True) if a != b
             )
             out.append(Difference("different", shown, cols))
-    return out[:limit]
+    return out
 
 
 def _value(text: str | None) -> str:

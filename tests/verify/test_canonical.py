@@ -224,3 +224,16 @@ def test_arrow_hashes_match_one_by_one_over_many_rows_and_none() -> None:
     assert [int(prefixes[i]) % 64 for i in picked] == [text_bucket(texts[i], 64) for i in picked]
     empty_hashes, empty_prefixes = arrow_hashes([pa.array([], pa.string())])
     assert len(empty_hashes) == len(empty_prefixes) == 0
+
+
+def test_a_report_counts_every_difference_and_lists_the_first() -> None:
+    """The differences column is every differing row found, not the rows listed."""
+    from sparkapply.lsn import Lsn
+    from sparkapply.verify.command import Difference, TableVerdict, VerifyReport
+
+    listed = [Difference("different", f"id='{i}'", ("v",)) for i in range(20)]
+    verdict = TableVerdict("public.cl", "public.cl", 1, 100, 100, 1, 2, listed, differing=80)
+    text = VerifyReport(Lsn(0x14A2338), [verdict]).render()
+    assert "DIFFERS  80" in text
+    assert "public.cl: ... and 60 more" in text
+    assert text.count("public.cl: different:") == 20
