@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
 
 from sparkapply.lsn import Lsn
 from sparkapply.sink.progress import applied_lsn
@@ -54,13 +55,20 @@ def table_stats(catalog: Catalog, ident: tuple[str, str]) -> TableStats:
         applied_lsn=lsn,
         last_commit=dt.datetime.fromtimestamp(snapshot.timestamp_ms / 1000, dt.UTC),
         snapshot_id=snapshot.snapshot_id,
-        rows=_live_rows(count("total-records"), count("total-position-deletes")),
+        rows=live_rows(table),
         data_files=count("total-data-files"),
         delete_files=count("total-delete-files"),
     )
 
 
-def _live_rows(records: int | None, position_deletes: int | None) -> int | None:
+def live_rows(table: Table) -> int | None:
+    """The rows ``table`` holds at its current snapshot (None: its summary does not say)."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return 0
+    summary = snapshot.summary
+    records = None if summary is None else summary["total-records"]
     if records is None:
         return None
-    return records - (position_deletes or 0)
+    deletes = summary["total-position-deletes"] if summary is not None else None
+    return int(records) - int(deletes or 0)

@@ -34,6 +34,7 @@ from sparkapply import location
 from sparkapply.convert.schema import widenings
 from sparkapply.errors import SchemaChangeError, SinkError
 from sparkapply.lsn import Lsn
+from sparkapply.sink.stats import live_rows
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +207,27 @@ def apply_evolution(
         new_key,
         optional,
     )
+    _warn_added_to_rows(table, name, [c for c, _ in new_columns])
     return True
+
+
+def _warn_added_to_rows(table: Table, name: str, added: list[str]) -> None:
+    """Columns added to a table with rows read null in those rows. PostgreSQL sends no
+    change for them, so when the publisher's rows hold values there (``ADD COLUMN ...
+    DEFAULT``, a column added to the publication's column list) only a copy brings
+    them: say so once, where the operator looks (at INFO: a plain ADD COLUMN, the
+    usual case, leaves them null on the publisher too)."""
+    rows = live_rows(table) if added else 0
+    if rows:
+        logger.info(
+            "Iceberg table %s: column(s) %s added; its %s existing rows read null there "
+            "until changed. If they hold values on the publisher (ADD COLUMN ... DEFAULT, "
+            "a column added to the publication's column list), a `sparkapply resync` "
+            "of the table copies them; `sparkapply verify` shows which rows differ",
+            name,
+            ", ".join(added),
+            f"{rows:,}",
+        )
 
 
 @contextlib.contextmanager
