@@ -76,6 +76,20 @@ TABLES ADDED LATER, AND RESYNC
     and the commit is allowed. It refuses to run while the main slot is in use: a
     running subscriber would keep applying from its cached applied LSN.
 
+A TABLE DROPPED AND CREATED AGAIN
+
+    PostgreSQL replicates neither DROP TABLE nor CREATE TABLE, and a table created
+    again under the same name is a new relation (a new OID) that starts empty. Each
+    copy records the OID it copied (table property :data:`SOURCE_OID_PROPERTY`, set
+    after the copy's commit, so a crash between the two copies again rather than
+    trusting an old OID). A published table, or a RELATION in the stream, whose OID
+    is not the recorded one is copied again like a table added later: the copy
+    replaces the old table's rows (and a column whose type changed is replaced, as
+    by a resync), and the new table's transactions before the copy's point are
+    skipped. A table copied before OIDs were recorded gets its OID recorded when
+    first seen. A table renamed keeps its OID and is a new name: it is copied under
+    it; the old name's Iceberg table stays, as a dropped table's does.
+
 Known limits: a table removed from the publication and added again later keeps its
 applied LSN, so it is not copied again by itself (its changes in between were never
 published): run ``resync`` for it. A partitioned table published through its root is
@@ -93,6 +107,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
 
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.transaction import CommittedTxn
@@ -180,7 +196,9 @@ class TableCopier:
         self._job = SliceJob(spark, config.source.dsn, slice_bytes)
         self._copied: list[tuple[str, str]] = []  # committed since take_copied()
         self.reports: list[CopyReport] = []
-        self._known: set[tuple[str, str]] = set()  # copied, or not ours to copy
+        # Copied (with the OID copied), or not ours to copy (None: any OID).
+        self._known: dict[tuple[str, str], int | None] = {}
+        self._recreated: set[tuple[str, str]] = set()  # being copied again: a new OID
         self._last_check = time.monotonic()
 
     def target(self, schema: str, name: str) -> tuple[str, str]:
@@ -230,7 +248,8 @@ class TableCopier:
         for txn in batch:
             for rel in [*txn.relations.values(), *txn.relation_messages]:
                 key = source_identifier(rel)
-                if key not in self._known:
+                known = self._known.get(key, -1)
+                if known == -1 or (known is not None and known != rel.relation_id):
                     seen.add(key)
         if seen:
             self._check(sorted(seen), "first change of the table in the stream")
@@ -257,7 +276,7 @@ class TableCopier:
                     "changes are applied without a copy",
                     *name,
                 )
-                self._known.add(name)
+                self._known[name] = None
         uncopied = self._uncopied([n for n in names if n in published])
         if uncopied:
             self.copy_from_temporary_snapshot(uncopied, reason)
@@ -274,10 +293,23 @@ class TableCopier:
             # copied follows the stream's RELATION messages, not the catalog of now.
             ident = self.target(t.schema, t.name)
             table = ensure_table(self.catalog, ident, iceberg_schema_for(t.relation))
+            copied_oid = source_oid(table)
             if applied_lsn(table) is None:
                 out.append(t.key)
+            elif copied_oid is not None and copied_oid != t.oid:
+                log.warning(
+                    "table %s is a new relation (OID %d; %d was copied): it was dropped and "
+                    "created again; copying it again, replacing the rows of the old one",
+                    t.qualified,
+                    t.oid,
+                    copied_oid,
+                )
+                self._recreated.add(t.key)
+                out.append(t.key)
             else:
-                self._known.add(t.key)
+                if copied_oid is None:  # copied before OIDs were recorded
+                    record_source_oid(table, t.oid)
+                self._known[t.key] = t.oid
         return out
 
     # -- copying -------------------------------------------------------------------------
@@ -373,8 +405,9 @@ class TableCopier:
         """Create the Iceberg table, or evolve it to the source's columns, as the
         applier does for a RELATION message."""
         ident = self.target(source.schema, source.name)
+        replace = self.replace_changed or source.key in self._recreated
         return table_for_relation(
-            self.catalog, ident, source.relation, lsn=lsn, replace_changed=self.replace_changed
+            self.catalog, ident, source.relation, lsn=lsn, replace_changed=replace
         )
 
     def _commit(
@@ -413,9 +446,11 @@ class TableCopier:
                 errors.append(exc.with_context(table=p.source.qualified))
                 continue
             failpoint("copy-after-table-commit")
+            record_source_oid(p.table, p.source.oid)
             report.rows[".".join(p.ident)] = rows
             report.bytes += sum(r.bytes for r in mine)
-            self._known.add(p.source.key)
+            self._known[p.source.key] = p.source.oid
+            self._recreated.discard(p.source.key)
             self._copied.append(p.ident)
         return errors
 
@@ -432,6 +467,31 @@ class TableCopier:
 
     def _prepared_staged(self) -> bool:
         return bool(PreparedStore.in_work_dir(self.config.work_dir).xids())
+
+
+SOURCE_OID_PROPERTY = "sparkapply.source-oid"
+"""Table property: the OID of the PostgreSQL relation the table was copied from."""
+
+
+def source_oid(table: Table) -> int | None:
+    text = table.properties.get(SOURCE_OID_PROPERTY)
+    return int(text) if text is not None and text.isdigit() else None
+
+
+def record_source_oid(table: Table, oid: int) -> None:
+    """Record ``oid`` on ``table``; a commit that loses to maintenance's is tried once
+    more on the table as it then is. Not recorded, the next start copies the table
+    again (as after a crash here), which is slow but right."""
+    for attempt in (1, 2):
+        try:
+            with table.transaction() as txn:
+                txn.set_properties({SOURCE_OID_PROPERTY: str(oid)})
+            return
+        except CommitFailedException:
+            if attempt == 2:
+                log.warning("table %s: could not record its source OID", ".".join(table.name()))
+                return
+            table.refresh()
 
 
 def _point_of(slot: SlotInfo) -> CopyPoint:

@@ -525,6 +525,11 @@ class Applier:
             if ident not in self._applied:
                 self._applied[ident] = state.applied
         for rel, lsn in rels:
+            if lsn <= state.applied:
+                # The table holds that transaction already (it is skipped): its
+                # schema is behind the table's, maybe another relation's, a table
+                # dropped and created again, and copied since (copy/driver.py).
+                continue
             state = self.sink.evolve_table(state, full_identity(rel), lsn=lsn)
         self._states[ident] = state
         return state
