@@ -61,10 +61,16 @@ class PgServer:
             auth += f":{p['password']}"
         return f"postgresql+psycopg://{auth}@/{dbname}?host={p['host']}&port={p.get('port', 5432)}"
 
-    def create_database(self, prefix: str = "t") -> str:
+    def create_database(self, prefix: str = "t", encoding: str | None = None) -> str:
+        """A new database; ``encoding``: in that encoding (C locale), not the default."""
         name = f"{prefix}_{os.getpid()}_{next(self._counter)}"
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if encoding is not None:
+            create = sql.SQL(
+                "{} TEMPLATE template0 ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C'"
+            ).format(create, sql.Literal(encoding))
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            conn.execute(create)
         return name
 
     def drop_database(self, name: str) -> None:

@@ -129,7 +129,7 @@ class Mirror:
         killed(failpoint, "run", "--config", str(cfg), "--until-caught-up")
 
     def sql(self, *statements: str, autocommit: bool = True) -> None:
-        with psycopg.connect(self.dsn, autocommit=autocommit) as conn:
+        with psycopg.connect(self.dsn, autocommit=autocommit, client_encoding="UTF8") as conn:
             for s in statements:
                 conn.execute(s)
 
@@ -145,7 +145,7 @@ class Mirror:
         )
 
     def _one(self, query: str, params: tuple[object, ...] = ()) -> str:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with psycopg.connect(self.dsn, autocommit=True, client_encoding="UTF8") as conn:
             row = conn.execute(query, params).fetchone()
         assert row is not None
         return str(row[0])
@@ -169,7 +169,7 @@ class Mirror:
 
     def pg_rows(self, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         schema, name = table.split(".")
-        with psycopg.connect(self.dsn) as conn:
+        with psycopg.connect(self.dsn, client_encoding="UTF8") as conn:
             # json/jsonb stay text, as Iceberg stores them.
             for json_type in ("json", "jsonb"):
                 conn.adapters.register_loader(json_type, TextLoader)

@@ -132,7 +132,7 @@ from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import table_for_relation
 from sparkapply.sink.tables import ensure_table
-from sparkapply.source.connection import ReplicationConnection
+from sparkapply.source.connection import ReplicationConnection, session_conninfo
 from sparkapply.source.negotiation import quote_ident
 from sparkapply.source.publisher import SlotInfo, ensure_slot, temporary_snapshot
 
@@ -459,7 +459,8 @@ class TableCopier:
     def _connect(self) -> psycopg.Connection[Any]:
         dsn = self.config.source.dsn
         try:
-            return psycopg.connect(dsn, autocommit=True, application_name="sparkapply-copy-driver")
+            conninfo = session_conninfo(dsn, application_name="sparkapply-copy-driver")
+            return psycopg.connect(conninfo, autocommit=True)
         except psycopg.OperationalError as exc:
             raise ConnectionLostError(
                 f"cannot connect to the publisher for the copy: {str(exc).strip()}"

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from sparkapply.failpoints import armed, failpoint
+from sparkapply.source.connection import session_conninfo
 
 log = logging.getLogger(__name__)
 
@@ -152,11 +153,10 @@ class CopyProgress:
             while True:
                 try:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(
-                            self._dsn,
-                            autocommit=True,
-                            application_name="sparkapply-copy-progress",
+                        conninfo = session_conninfo(
+                            self._dsn, application_name="sparkapply-copy-progress"
                         )
+                        conn = psycopg.connect(conninfo, autocommit=True)
                     rows = conn.execute(_POLL_SQL, (self._prefix + "%",)).fetchall()
                 except psycopg.Error as exc:  # progress is best effort
                     log.debug("cannot read copy progress: %s", exc)

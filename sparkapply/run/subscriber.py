@@ -45,8 +45,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import psycopg
-
 from sparkapply import collector
 from sparkapply.config import Config
 from sparkapply.copy.driver import PUBLICATION_CHECK_INTERVAL, TableCopier
@@ -59,7 +57,7 @@ from sparkapply.plan.scheduler import Batch, BatchScheduler
 from sparkapply.run.batch import BatchStats
 from sparkapply.run.errors import outcome
 from sparkapply.run.session import Session, copy_first, streaming
-from sparkapply.source.connection import ReplicationConnection
+from sparkapply.source.connection import ReplicationConnection, connect
 from sparkapply.source.negotiation import Protocol
 from sparkapply.source.publisher import PublishedTable, check_publisher
 from sparkapply.source.stream import ReplicationStream
@@ -140,7 +138,8 @@ class Subscriber:
     def _target_lsn(self) -> Lsn:
         # The insert position, not pg_current_wal_lsn(): with synchronous_commit off a
         # committed transaction's record may not be written yet.
-        with psycopg.connect(self.config.source.dsn, autocommit=True) as conn:
+        src = self.config.source
+        with connect(src.dsn, connect_timeout=src.connect_timeout) as conn:
             row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         assert row is not None
         return Lsn.parse(row[0])

@@ -103,9 +103,19 @@ def sql_row_text(texts: Sequence[sql.Composable]) -> sql.Composable:
     return sql.SQL("concat_ws(chr(31), {})").format(parts)
 
 
-def sql_hash(text: sql.Composable) -> sql.Composable:
+def sql_hash(text: sql.Composable, *, utf8: bool = True) -> sql.Composable:
     """The 64-bit hash of a row's text (a signed bigint). In the C collation: a
-    nondeterministic one would hash a sort key, not the bytes."""
+    nondeterministic one would hash a sort key, not the bytes.
+
+    The mirror holds UTF-8 (replication converts to the client's encoding) and its
+    side hashes UTF-8 bytes. A server whose encoding is not UTF-8 (``utf8`` False)
+    hashes the same bytes: its text converted to UTF-8, then taken back as a text
+    of those very bytes (from SQL_ASCII nothing is converted; a single-byte server
+    encoding holds any byte, so nothing is refused either)."""
+    if not utf8:
+        text = sql.SQL(
+            "pg_catalog.convert_from(pg_catalog.convert_to(({}), 'UTF8'), 'SQL_ASCII')"
+        ).format(text)
     return sql.SQL('pg_catalog.hashtextextended(({}) COLLATE "C", 0)').format(text)
 
 
@@ -115,9 +125,9 @@ def sql_hash_bucket(hash_: sql.Composable, buckets: int) -> sql.Composable:
     return sql.SQL("(({} & 4294967295) % {})").format(hash_, sql.Literal(buckets))
 
 
-def sql_bucket(text: sql.Composable, buckets: int) -> sql.Composable:
+def sql_bucket(text: sql.Composable, buckets: int, *, utf8: bool = True) -> sql.Composable:
     """Which of ``buckets`` a row's text falls in."""
-    return sql_hash_bucket(sql_hash(text), buckets)
+    return sql_hash_bucket(sql_hash(text, utf8=utf8), buckets)
 
 
 # -- Arrow --------------------------------------------------------------------------------

@@ -68,19 +68,43 @@ def exact_point(
         conn.close()
 
 
-# Longer than lookup3's 12-byte block, with a multibyte character and a separator.
+# Longer than lookup3's 12-byte block, with a multibyte character and a separator;
+# for a server encoding other than UTF-8, what every encoding can spell.
 _PROBE = "sparkapply verify\x1fprobe \u00e9\u20ac"
+_ASCII_PROBE = "sparkapply verify\x1fprobe 0123456789"
+
+
+def server_utf8(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the database's encoding is UTF-8 (see :func:`sql_hash`); refuses one
+    that verify cannot hash as the mirror holds it."""
+    encoding = conn.info.parameter_status("server_encoding") or "UTF8"
+    if encoding == "UTF8":
+        return True
+    row = conn.execute(
+        "SELECT pg_catalog.pg_encoding_max_length(pg_catalog.pg_char_to_encoding(%s))",
+        (encoding,),
+    ).fetchone()
+    if row is None or row[0] != 1:
+        raise SourceError(
+            f"verify cannot hash rows of a database in the multibyte encoding {encoding}",
+            hint="verify supports databases in UTF8 and in single-byte encodings (LATIN1, "
+            "WIN1252, SQL_ASCII...); the mirror itself is not affected",
+        )
+    return False
 
 
 def check_hash(conn: psycopg.Connection[Any]) -> None:
     """Stop unless the server hashes a row's text as the mirror's side does (a
     big-endian server does not), before a whole table is hashed for nothing."""
-    row = conn.execute(sql.SQL("SELECT {}").format(sql_hash(sql.Literal(_PROBE)))).fetchone()
+    utf8 = server_utf8(conn)
+    probe = _PROBE if utf8 else _ASCII_PROBE
+    query = sql.SQL("SELECT {}").format(sql_hash(sql.Literal(probe), utf8=utf8))
+    row = conn.execute(query).fetchone()
     theirs = None if row is None else row[0]
-    if theirs != text_hash(_PROBE):
+    if theirs != text_hash(probe):
         raise SourceError(
             "the publisher's hashtextextended differs from the one verify computes over"
-            f" the mirror ({theirs} against {text_hash(_PROBE)})",
+            f" the mirror ({theirs} against {text_hash(probe)})",
             hint="verify needs a little-endian publisher (x86-64, arm64)",
         )
 
@@ -119,7 +143,7 @@ def publisher_sums(conn: psycopg.Connection[Any], table: SourceTable, shape: Sha
     ).format(
         bucket=sql_hash_bucket(hash_, shape.buckets),
         h=hash_,
-        hash=sql_hash(row),
+        hash=sql_hash(row, utf8=server_utf8(conn)),
         source=_source(table),
         where=_where(table),
     )
@@ -131,7 +155,7 @@ def publisher_rows(
 ) -> list[RowTexts]:
     """The rows that fall in ``wanted`` buckets, with their texts."""
     cols, row, key = _texts(shape)
-    bucket = sql_bucket(row, shape.buckets)
+    bucket = sql_bucket(row, shape.buckets, utf8=server_utf8(conn))
     where = _where(table)
     joiner = sql.SQL(" AND ") if table.row_filter else sql.SQL(" WHERE ")
     query = sql.SQL(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+from pathlib import Path
 from shutil import which
 
 import pytest
@@ -556,3 +557,57 @@ def test_a_table_dropped_and_created_again(mirror: Mirror) -> None:
     mirror.sql("UPDATE d SET v = 8", "INSERT INTO d VALUES (9, 9)")
     mirror.run()
     mirror.assert_mirrored("public.d")
+
+
+@pytest.mark.parametrize("encoding", ["LATIN1", "SQL_ASCII"])
+def test_a_database_not_in_utf8(
+    pg_server: PgServer, tmp_path: Path, spark: object, encoding: str
+) -> None:
+    """A database in LATIN1 (converted to UTF-8 for us by the server) or SQL_ASCII
+    (bytes as stored: UTF-8 from a UTF-8 application). Copy, stream and verify read
+    it as UTF-8; before, a SQL_ASCII database stopped the run (a connection left at the
+    server's encoding returned bytes), and verify could not hash either."""
+    name = pg_server.create_database("enc", encoding=encoding)
+    try:
+        mirror = Mirror(pg_server.dsn(name), tmp_path / "work", spark)
+        mirror.sql(
+            "CREATE TYPE mood AS ENUM ('ça va', 'größer')",
+            "CREATE TABLE e (id int PRIMARY KEY, t text, c char(4), m mood, j jsonb)",
+            "INSERT INTO e VALUES (1, 'café Größe ÿ', 'ñ', 'ça va', '{\"é\": \"£\"}'),"
+            " (2, repeat('é', 5000), 'a', 'größer', NULL)",
+            "CREATE PUBLICATION pub FOR TABLE e",
+        )
+        mirror.run()
+        mirror.sql(
+            "INSERT INTO e VALUES (3, 'naïve £', 'ü', 'größer', '[\"ß\"]')",
+            "UPDATE e SET t = t || '¤', m = 'größer' WHERE id = 1",
+            "UPDATE e SET c = 'é' WHERE id = 2",  # t unchanged: TOASTed, not sent
+        )
+        mirror.run()
+        mirror.assert_mirrored("public.e")
+        _, rows = mirror.iceberg_rows("public.e")
+        assert {r[0]: r[1] for r in rows}[1] == "café Größe ÿ¤"
+        running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
+        try:
+            report = run_verify(mirror.config, spark=mirror.spark, timeout=120)
+        finally:
+            running.stop()
+        assert report.match, report.render()
+    finally:
+        pg_server.drop_database(name)
+
+
+def test_verify_refuses_a_multibyte_encoding_it_cannot_hash(pg_server: PgServer) -> None:
+    """EUC_JP cannot hold UTF-8's bytes as text: verify says so (exit 2's error)
+    instead of failing halfway through a table."""
+    from sparkapply.errors import SourceError
+    from sparkapply.source.connection import connect
+    from sparkapply.verify.publisher import check_hash
+
+    name = pg_server.create_database("enc", encoding="EUC_JP")
+    try:
+        with connect(pg_server.dsn(name)) as conn, pytest.raises(SourceError) as caught:
+            check_hash(conn)
+        assert "multibyte encoding EUC_JP" in str(caught.value)
+    finally:
+        pg_server.drop_database(name)
