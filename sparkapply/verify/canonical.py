@@ -97,10 +97,25 @@ _SQL: dict[ColumnKind, str] = {
 }
 
 
+# A function takes at most 100 arguments (FUNC_MAX_ARGS): concat_ws the separator and
+# 99 texts. A wider row is joined in groups of 99, and the groups joined alike: no
+# part is null, so the text is the same as one concat_ws of them all.
+_CONCAT_MAX_TEXTS = 99
+
+
 def sql_row_text(texts: Sequence[sql.Composable]) -> sql.Composable:
     """A row's text from its columns' canonical texts."""
-    parts = sql.SQL(", ").join(sql.SQL("coalesce({}, chr(30))").format(t) for t in texts)
-    return sql.SQL("concat_ws(chr(31), {})").format(parts)
+    parts: list[sql.Composable] = [sql.SQL("coalesce({}, chr(30))").format(t) for t in texts]
+    while len(parts) > _CONCAT_MAX_TEXTS:
+        parts = [
+            _concat_ws(parts[i : i + _CONCAT_MAX_TEXTS])
+            for i in range(0, len(parts), _CONCAT_MAX_TEXTS)
+        ]
+    return _concat_ws(parts)
+
+
+def _concat_ws(parts: Sequence[sql.Composable]) -> sql.Composable:
+    return sql.SQL("concat_ws(chr(31), {})").format(sql.SQL(", ").join(parts))
 
 
 def sql_hash(text: sql.Composable, *, utf8: bool = True) -> sql.Composable:

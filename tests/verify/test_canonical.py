@@ -237,3 +237,23 @@ def test_a_report_counts_every_difference_and_lists_the_first() -> None:
     assert "DIFFERS  80" in text
     assert "public.cl: ... and 60 more" in text
     assert text.count("public.cl: different:") == 20
+
+
+@pytest.mark.parametrize("width", [1, 99, 100, 250, 1600])
+def test_a_wide_row_has_one_text(pg_dsn: str, width: int) -> None:
+    """A row of more columns than a function takes arguments (100) has the same text
+    and hash on the server as on the mirror's side; nulls included."""
+    cols = [
+        sql.SQL("{}::text").format(sql.Literal(None if i % 7 == 3 else f"v{i}"))
+        for i in range(width)
+    ]
+    values: list[str | None] = [None if i % 7 == 3 else f"v{i}" for i in range(width)]
+    with psycopg.connect(session_conninfo(pg_dsn), autocommit=True) as conn:
+        row = sql_row_text(cols)
+        got = conn.execute(sql.SQL("SELECT {}, {}").format(row, sql_hash(row))).fetchone()
+    assert got is not None
+    text, h = got
+    assert text == row_text(values)
+    assert h == text_hash(text)
+    columns = [pa.array([v], pa.large_string()) for v in values]
+    assert arrow_row_texts(columns).to_pylist() == [text]
