@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pyarrow as pa
 
 from sparkapply.apply.fold.rowwise import TxnInput
-from sparkapply.apply.job import STAGED_TASKS, merge_results, partitions_for, slices
+from sparkapply.apply.job import (
+    STAGED_TASKS,
+    merge_results,
+    partitions_for,
+    slices,
+    spooled_bytes,
+)
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.datafiles import DeleteFileInfo
@@ -16,8 +23,14 @@ from sparkapply.errors import ApplyError
 MB = 1024 * 1024
 
 
-def task(nbytes: int, *, keyed: bool = True, insert_only: bool = False) -> TableTask:
-    seg = SpoolSegment("/spool/x", 0, nbytes)
+_SPOOL_FILES = itertools.count()
+
+
+def task(
+    nbytes: int, *, keyed: bool = True, insert_only: bool = False, seg: SpoolSegment | None = None
+) -> TableTask:
+    """A task reading ``nbytes`` of a spool file of its own (or ``seg``)."""
+    seg = seg or SpoolSegment(f"/spool/{next(_SPOOL_FILES)}", 0, nbytes)
     return TableTask(
         table="public.t",
         relation_ids=frozenset({1}),
@@ -97,6 +110,15 @@ def test_a_small_batch_of_many_tables_goes_in_one_wave() -> None:
     assert sorted(t.table for g in groups for t in g) == sorted(t.table for t in tasks)
     loads = sorted(sum(int(t.table[-1]) for t in g) for g in groups)
     assert loads == [7, 8]  # balanced by bytes: {5, 2, 1} and {4, 3}
+
+
+def test_one_transaction_over_many_tables_is_a_small_batch() -> None:
+    """300 tables' shares of one 1 MB transaction read the same bytes: 1 MB to read,
+    not 300, so the batch goes in one wave of two partitions."""
+    shared = SpoolSegment("/spool/one", 0, 1 * MB)
+    tasks = [dataclasses.replace(task(0, seg=shared), table=f"public.t{n}") for n in range(300)]
+    assert spooled_bytes(tasks) == 1 * MB
+    assert sorted(len(g) for g in slices(tasks, 2, 16 * MB)) == [150, 150]
 
 
 def test_a_big_or_narrow_batch_goes_one_task_per_partition() -> None:

@@ -67,6 +67,18 @@ def values(run: ChangeRun, old: bool, row: int) -> tuple[bytes, tuple[m.ColumnVa
 
 
 @pytest.mark.parametrize("xid", [None, XID], ids=["plain", "in-stream"])
+def test_another_relations_relation_is_not_a_run_boundary(xid: int | None) -> None:
+    """Only the RELATION messages of the task's relations are handed out to be
+    decoded: a transaction over 300 tables has 300, and each task is one table's."""
+    other = m.Relation(xid, 8, "public", "u", "d", COLUMNS)
+    ix = ChunkIndex.of(chunk([other, *changes(xid)[:4], other, *changes(xid)[4:]]))
+    runs = [(i, None if rows is None else rows.tolist()) for i, rows in ix.runs(frozenset({7}))]
+    assert runs == [(1, None), (-1, [2, 3, 4, 7]), (8, None), (-1, [9])]
+    both = [i for i, rows in ix.runs(frozenset({7, 8})) if rows is None]
+    assert both == [0, 1, 5, 8]
+
+
+@pytest.mark.parametrize("xid", [None, XID], ids=["plain", "in-stream"])
 def test_runs_and_rows_agree_with_the_decoder(xid: int | None) -> None:
     ix = ChunkIndex.of(chunk(changes(xid)))
     assert list(ix.tags) == [
