@@ -16,11 +16,23 @@ from shutil import which
 import pytest
 
 from sparkapply.run.subscriber import Subscriber
-from sparkapply.verify.command import run_verify
+from sparkapply.verify.command import VerifyReport, run_verify
 from tests.conftest import PgServer
 from tests.mirror import Mirror, Running
 
 pytestmark = pytest.mark.integration
+
+
+def _verified_live(mirror: Mirror) -> VerifyReport:
+    """``sparkapply verify`` with the mirror's ``run`` live (it makes the cut); the
+    report, which must match."""
+    running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
+    try:
+        report = run_verify(mirror.config, spark=mirror.spark, timeout=120)
+    finally:
+        running.stop()
+    assert report.match, report.render()
+    return report
 
 
 def _split_over_tasks(mirror: Mirror) -> None:
@@ -447,12 +459,7 @@ def test_lists_of_uuid(mirror: Mirror) -> None:
     mirror.run()
     mirror.assert_mirrored("public.docs", "public.lines", "public.seen", "public.gone")
     # verify reads them too (the empty table as an empty scan) and finds them equal.
-    running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
-    try:
-        report = run_verify(mirror.config, spark=mirror.spark, timeout=120)
-    finally:
-        running.stop()
-    assert report.match, report.render()
+    report = _verified_live(mirror)
     assert {(t.table, t.iceberg_rows) for t in report.tables} == {
         ("public.docs", 23),
         ("public.lines", 30),
@@ -587,12 +594,7 @@ def test_a_database_not_in_utf8(
         mirror.assert_mirrored("public.e")
         _, rows = mirror.iceberg_rows("public.e")
         assert {r[0]: r[1] for r in rows}[1] == "café Größe ÿ¤"
-        running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
-        try:
-            report = run_verify(mirror.config, spark=mirror.spark, timeout=120)
-        finally:
-            running.stop()
-        assert report.match, report.render()
+        _verified_live(mirror)
     finally:
         pg_server.drop_database(name)
 
