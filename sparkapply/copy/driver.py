@@ -248,8 +248,7 @@ class TableCopier:
         for txn in batch:
             for rel in [*txn.relations.values(), *txn.relation_messages]:
                 key = source_identifier(rel)
-                known = self._known.get(key, -1)
-                if known == -1 or (known is not None and known != rel.relation_id):
+                if key not in self._known or self._known[key] not in (None, rel.relation_id):
                     seen.add(key)
         if seen:
             self._check(sorted(seen), "first change of the table in the stream")

@@ -213,6 +213,7 @@ class ChunkIndex:
     in_stream: np.ndarray
     tags: np.ndarray
     relids: np.ndarray  # -1 for records that are not changes
+    described: np.ndarray  # a RELATION record's relation id; -1 for others (or too short)
     chunk: Records
 
     @classmethod
@@ -229,7 +230,10 @@ class ChunkIndex:
         if np.any(is_change & (relpos + 4 > ends)):
             raise ProtocolError("change message too short for its relation id")
         relids = np.where(is_change, be32(b, np.where(is_change, relpos, 0)), -1)
-        return cls(b, starts, ends, in_stream, tags, relids, chunk)
+        readable = (tags == TAG_RELATION) & (relpos + 4 <= ends)
+        described = np.full(len(tags), -1, np.int64)
+        described[readable] = be32(b, relpos[readable])
+        return cls(b, starts, ends, in_stream, tags, relids, described, chunk)
 
     def payload(self, i: int) -> bytes:
         start = self.chunk.starts[i]
@@ -246,12 +250,7 @@ class ChunkIndex:
         hold a relation id is kept, so that its decode raises."""
         ids = np.fromiter(relation_ids, np.int64, len(relation_ids))
         mine = np.isin(self.relids, ids)
-        is_relation = self.tags == TAG_RELATION
-        relpos = self.starts + 1 + np.where(self.in_stream, 4, 0)  # tag, [xid], relid
-        readable = is_relation & (relpos + 4 <= self.ends)
-        described = np.full(len(self.tags), -1, np.int64)
-        described[readable] = be32(self.b, relpos[readable])
-        ours = is_relation & (~readable | np.isin(described, ids))
+        ours = (self.tags == TAG_RELATION) & ((self.described < 0) | np.isin(self.described, ids))
         special = np.flatnonzero(ours | (self.tags == TAG_TRUNCATE))
         run_start = 0
         for i in [*special.tolist(), len(self.tags)]:

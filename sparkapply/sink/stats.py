@@ -67,8 +67,6 @@ def live_rows(table: Table) -> int | None:
     if snapshot is None:
         return 0
     summary = snapshot.summary
-    records = None if summary is None else summary["total-records"]
-    if records is None:
+    if summary is None or summary["total-records"] is None:
         return None
-    deletes = summary["total-position-deletes"] if summary is not None else None
-    return int(records) - int(deletes or 0)
+    return int(summary["total-records"]) - int(summary["total-position-deletes"] or 0)

@@ -207,11 +207,11 @@ def apply_evolution(
         new_key,
         optional,
     )
-    _warn_added_to_rows(table, name, [c for c, _ in new_columns])
+    _note_added_to_rows(table, name, [c for c, _ in new_columns])
     return True
 
 
-def _warn_added_to_rows(table: Table, name: str, added: list[str]) -> None:
+def _note_added_to_rows(table: Table, name: str, added: list[str]) -> None:
     """Columns added to a table with rows read null in those rows. PostgreSQL sends no
     change for them, so when the publisher's rows hold values there (``ADD COLUMN ...
     DEFAULT``, a column added to the publication's column list) only a copy brings
