@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -167,17 +167,36 @@ class Mirror:
         schema = arrow_schema_of(self.iceberg_table(table))
         return {f.name: f.type for f in schema}
 
-    def pg_rows(self, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        schema, name = table.split(".")
+    def pg_rows(
+        self, table: str, text_columns: Collection[str] = ()
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """The publisher's rows; ``text_columns`` are read as their text."""
+        source = sql.Identifier(*table.split("."))
         with psycopg.connect(self.dsn, client_encoding="UTF8") as conn:
             # json/jsonb stay text, as Iceberg stores them.
             for json_type in ("json", "jsonb"):
                 conn.adapters.register_loader(json_type, TextLoader)
-            cur = conn.execute(
-                sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+            head = conn.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(source))
+            cols = [d.name for d in head.description or []]
+            select = sql.SQL(", ").join(
+                sql.SQL("{}::text").format(sql.Identifier(c))
+                if c in text_columns
+                else sql.Identifier(c)
+                for c in cols
             )
-            cols = [d.name for d in cur.description or []]
+            cur = conn.execute(sql.SQL("SELECT {} FROM {}").format(select, source))
             return cols, list(cur.fetchall())
+
+    def pg_array_columns(self, table: str) -> set[str]:
+        """The table's array columns on the publisher."""
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute(
+                "SELECT a.attname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+                "AND t.typcategory = 'A'",
+                (sql.Identifier(*table.split(".")).as_string(conn),),
+            ).fetchall()
+        return {str(r[0]) for r in rows}
 
     def assert_mirrored(self, *tables: str, readers: Readers | None = None) -> None:
         """Each table reads in pyiceberg as the publisher's rows, and reads the same in
@@ -195,13 +214,19 @@ class Mirror:
                 assert_readers_agree(table, iceberg, arrow, readers)
 
     def _assert_equals_postgres(self, table: str, arrow: pa.Table) -> None:
-        pg_cols, pg = self.pg_rows(table)
+        ice_types = self.iceberg_types(table)
+        # Arrays the mirror holds as text (user types, more than one dimension).
+        as_text = {
+            c
+            for c in self.pg_array_columns(table)
+            if c in ice_types and pa.types.is_large_string(ice_types[c])
+        }
+        pg_cols, pg = self.pg_rows(table, as_text)
         ice_cols = arrow.column_names
         ice = [tuple(r.values()) for r in arrow.to_pylist()]
         missing = [c for c in pg_cols if c not in ice_cols]
         assert not missing, f"{table}: columns {missing} missing in Iceberg"
         idx = [ice_cols.index(c) for c in pg_cols]
-        ice_types = self.iceberg_types(table)
         # Documented: NaN in a numeric(p,s) column is stored as null.
         nan_to_null = [pa.types.is_decimal(ice_types[c]) for c in pg_cols]
         pg = [

@@ -121,8 +121,10 @@ def _parse_quoted(body: str, delimiter: str) -> list[str | None]:
 
 def _multidimensional() -> ValueError:
     return UnrepresentableValueError(
-        "multi-dimensional arrays are not supported: an Iceberg list column has one "
-        "fixed nesting depth",
-        hint="publish the column as a one-dimensional array, or as text "
-        "(e.g. a generated column) and leave this one out of the publication's column list",
+        "a multi-dimensional array in a column mirrored as a list: an Iceberg list has "
+        "one nesting depth, and the column was declared with one dimension (or none)",
+        hint="declare its dimensions on the publisher (ALTER TABLE ... ALTER COLUMN ... "
+        "TYPE int4[][], say; nothing is rewritten), then stop sparkapply and run "
+        "`sparkapply resync schema.table`: a column declared with more than one "
+        "dimension is mirrored as the array's text",
     )

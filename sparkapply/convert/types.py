@@ -31,6 +31,7 @@ exactly; everything else is kept as its text, which is always lossless.
 | geometric types, any other built-in type     |                        |                    |
 | enums, domains, any user type (OID >= 16384) | large_string           | string (text form) |
 | one-dimensional array of a type above        | large_list<element>    | list<element>      |
+| array declared with 2+ dimensions (int[][])  | large_string           | string (text form) |
 
 Strings, binaries and lists use Arrow's 64-bit-offset ("large") layouts: they are what
 pyiceberg's own ``schema_to_pyarrow`` produces, so the sink can concatenate converted
@@ -61,7 +62,9 @@ SPECIAL VALUES
 | timestamptz with a seconds offset (+05:53:28)   | exact UTC instant                            |
 | time 24:00:00                                   | 23:59:59.999999 (Iceberg time is < 24 hours) |
 | array with bounds, e.g. [0:1]={5,6}             | the elements; the lower bound is dropped     |
-| multi-dimensional array, e.g. {{1,2},{3,4}}     | ConversionError (not supported)              |
+| multi-dimensional array in a column declared    | its text, unchanged (see ARRAYS OF MORE      |
+| with more than one dimension (int[][])          | THAN ONE DIMENSION)                          |
+| multi-dimensional array in a list column        | ConversionError, with the way out            |
 | bytea in the escape output format               | the same bytes (decoded per value, slower)   |
 | text that is not valid UTF-8                    | ConversionError                              |
 
@@ -70,13 +73,30 @@ DuckDB, pyiceberg/Python ``datetime``) represents, PostgreSQL's ``infinity`` is 
 "open end", and the edges keep that meaning in range comparisons. The clamp is
 deterministic (the same input always gives the same value) and lossy only for values
 that no mainstream reader could show anyway.
+
+ARRAYS OF MORE THAN ONE DIMENSION
+
+An Iceberg list has one nesting depth for every row, a PostgreSQL array column does not:
+its type (``int4[]``) says nothing of the dimensions, and any row may hold a matrix.
+pgoutput's RELATION message says only the type, so the stream cannot tell. The catalog
+can: ``pg_attribute.attndims`` is the number of dimensions a column was declared with
+(``int4[][]`` is 2; PostgreSQL does not enforce it). The initial copy and a resync
+describe a column declared with more than one dimension as ``text``
+(:data:`TEXT_OID`, ``copy/snapshot.py``), so the Iceberg column is a string of
+PostgreSQL's array literal, which holds any shape; afterwards the stream's values for
+it are converted as text because the table stores text (``apply/write/columns.py``).
+A column declared with one dimension (or none: ``CREATE TABLE AS`` records none) is a
+list; a multi-dimensional value in it stops the apply with a ConversionError that says
+how to go on: declare the dimensions (``ALTER COLUMN ... TYPE int4[][]`` rewrites
+nothing) and resync the table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -87,6 +107,9 @@ from sparkapply.pgoutput.messages import Relation
 # First OID not assigned by initdb; types at or above it are user-defined (enums,
 # domains, composites, extension types such as citext) and arrive with a Type message.
 FIRST_NORMAL_OID = 16384
+
+# pg_type's text: what a column stored as text is converted as.
+TEXT_OID = 25
 
 # Iceberg's decimal precision limit (decimal128).
 MAX_DECIMAL_PRECISION = 38
@@ -366,3 +389,15 @@ def relation_columns(
         (c.name, PgColumnType(c.type_oid, c.type_modifier, names.get(c.type_oid)))
         for c in relation.columns
     )
+
+
+def columns_as_text(relation: Relation, names: Collection[str]) -> Relation:
+    """``relation`` with the columns ``names`` described as text (see ARRAYS OF MORE
+    THAN ONE DIMENSION)."""
+    if not names:
+        return relation
+    columns = tuple(
+        dataclasses.replace(c, type_oid=TEXT_OID, type_modifier=-1) if c.name in names else c
+        for c in relation.columns
+    )
+    return dataclasses.replace(relation, columns=columns)

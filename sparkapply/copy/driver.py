@@ -121,6 +121,7 @@ from sparkapply.copy.snapshot import (
     SourceTable,
     begin_at_snapshot,
     describe_tables,
+    multidimensional_columns,
     published_tables,
 )
 from sparkapply.copy.tasks import SliceResult
@@ -310,6 +311,12 @@ class TableCopier:
                     record_source_oid(table, t.oid)
                 self._known[t.key] = t.oid
         return out
+
+    def multidimensional(self, relation_oid: int, names: Sequence[str]) -> set[str]:
+        """The columns of ``names`` the publisher's catalog declares with more than one
+        dimension: a list column the stream adds is mirrored as text if so declared."""
+        with self._connect() as c:
+            return multidimensional_columns(c, relation_oid, names)
 
     # -- copying -------------------------------------------------------------------------
 

@@ -4,6 +4,9 @@ A table is described the way pgoutput's RELATION message would describe it (publ
 columns in attribute order, type OID and modifier, key flags from the replica
 identity), so :func:`sparkapply.convert.schema.iceberg_schema_for` builds the same
 Iceberg schema the stream would, and later RELATION messages find nothing to evolve.
+One difference: a column declared with more than one dimension (``int4[][]``) is
+described as ``text``, which the stream's RELATION cannot say (see
+``convert/types.py``, ARRAYS OF MORE THAN ONE DIMENSION).
 
 Run :func:`describe_tables` inside a transaction that has imported the copy's snapshot:
 plain catalog reads (``pg_attribute``) then show the columns as of the snapshot. The
@@ -26,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from sparkapply.convert.types import PgColumnType
+from sparkapply.convert.types import TEXT_OID, PgColumnType
 from sparkapply.errors import PublicationError
 from sparkapply.pgoutput.messages import Relation, RelationColumn
 
@@ -55,7 +58,7 @@ ORDER BY 1, 2
 
 _COLUMNS_SQL = """
 SELECT a.attrelid, a.attname, a.atttypid, a.atttypmod,
-       coalesce(a.attnum = ANY(i.indkey::int2[]), false), a.attgenerated <> ''
+       coalesce(a.attnum = ANY(i.indkey::int2[]), false), a.attgenerated <> '', a.attndims
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 LEFT JOIN pg_index i ON i.indrelid = a.attrelid
@@ -149,9 +152,11 @@ def describe_tables(
         return []
     oids = [int(rows[0][2]) for rows in grouped.values()]
     columns: dict[int, list[tuple[str, int, int, bool, bool]]] = {}
-    for relid, attname, typid, typmod, is_key, generated in conn.execute(
+    for relid, attname, typid, typmod, is_key, generated, ndims in conn.execute(
         _COLUMNS_SQL, (oids,)
     ).fetchall():
+        if ndims > 1:  # see convert/types.py, ARRAYS OF MORE THAN ONE DIMENSION
+            typid, typmod = TEXT_OID, -1
         columns.setdefault(int(relid), []).append(
             (str(attname), int(typid), int(typmod), bool(is_key), bool(generated))
         )
@@ -204,6 +209,19 @@ def _describe(
         block_size=block_size,
         estimated_rows=int(reltuples) if float(reltuples) >= 0 else -1,
     )
+
+
+def multidimensional_columns(
+    conn: psycopg.Connection[Any], relation_oid: int, names: Collection[str]
+) -> set[str]:
+    """The columns of ``names`` the relation declares with more than one dimension
+    (see ``convert/types.py``, ARRAYS OF MORE THAN ONE DIMENSION)."""
+    rows = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s) "
+        "AND attndims > 1 AND NOT attisdropped",
+        (relation_oid, list(names)),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
 
 
 def _row_filter(filters: list[Any]) -> str | None:

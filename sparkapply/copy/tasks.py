@@ -37,9 +37,8 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from sparkapply import location
-from sparkapply.apply.write.columns import fit_table
+from sparkapply.apply.write.columns import convert_column, fit_table
 from sparkapply.convert.types import PgColumnType
-from sparkapply.convert.values import to_arrow
 from sparkapply.copy.snapshot import begin_at_snapshot
 from sparkapply.errors import (
     ConnectionLostError,
@@ -163,10 +162,8 @@ def chunk_to_table(
     n_rows = len(raw[0]) if raw else 0
     converted: dict[str, pa.Array] = {}
     for (name, ctype), values in zip(columns, raw, strict=True):
-        try:
-            converted[name] = to_arrow(ctype, unescape(values))
-        except SparkapplyError as exc:
-            raise exc.with_context(column=name) from None
+        if schema.get_field_index(name) >= 0:
+            converted[name] = convert_column(ctype, unescape(values), schema.field(name))
     return fit_table(converted, n_rows, schema)
 
 

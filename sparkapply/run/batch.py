@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pyiceberg.types import ListType
 from pyspark.sql import SparkSession
 
 from sparkapply import collector
@@ -37,6 +38,7 @@ from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.staged import PieceFiles
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.convert.schema import relation_identifier
+from sparkapply.convert.types import ColumnKind, PgColumnType, column_target, columns_as_text
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, arrow_schema_of, data_directory
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
@@ -225,6 +227,9 @@ class Applier:
         # Where the expiry below runs instead of on this thread (maintenance beside the
         # apply: maintain/background.py); None expires here, after the commit.
         self.expire_beside: Callable[[TableIdent], None] | None = None
+        # Which of a relation's columns the publisher declares with more than one
+        # dimension (the copier asks its catalog); None: none are.
+        self.multidimensional: Callable[[int, Sequence[str]], set[str]] | None = None
 
     def identifier(self, rel: m.Relation) -> tuple[str, str]:
         return relation_identifier(rel, self.table_map)
@@ -530,6 +535,25 @@ class Applier:
                 # schema is behind the table's, maybe another relation's, a table
                 # dropped and created again, and copied since (copy/driver.py).
                 continue
-            state = self.sink.evolve_table(state, full_identity(rel), lsn=lsn)
+            state = self.sink.evolve_table(
+                state, full_identity(self._declared(rel, state)), lsn=lsn
+            )
         self._states[ident] = state
         return state
+
+    def _declared(self, rel: m.Relation, state: contract.TableState) -> m.Relation:
+        """``rel``, with the array columns the publisher declares with more than one
+        dimension as text (convert/types.py, ARRAYS OF MORE THAN ONE DIMENSION): a
+        RELATION cannot say it. The catalog is asked only of array columns the table
+        does not hold as lists (new ones, or held as text); an array column that
+        was text before (ALTER TYPE) and is not so declared stays a type change."""
+        if self.multidimensional is None:
+            return rel
+        stored = {f.name: f.field_type for f in state.table.schema().fields}
+        asked = [
+            c.name
+            for c in rel.columns
+            if column_target(PgColumnType(c.type_oid, c.type_modifier)).kind is ColumnKind.LIST
+            and not isinstance(stored.get(c.name), ListType)
+        ]
+        return columns_as_text(rel, self.multidimensional(rel.relation_id, asked)) if asked else rel

@@ -129,6 +129,7 @@ def streaming(
             slot.confirmed_flush,
         )
         maintenance = _maintenance(cfg, spark, catalog, applier, cuts)
+        applier.multidimensional = copier.multidimensional
         job = ApplyJob(applier, copier, maintenance)
         yield Session(stream, assembler, progress, scheduler, job, started)
     finally:

@@ -93,3 +93,20 @@ def test_multidimensional_arrays_are_refused() -> None:
 def test_malformed_arrays(bad: str) -> None:
     with pytest.raises(ConversionError):
         convert(INT4_ARRAY, bad)
+
+
+def test_an_array_the_table_stores_as_text_is_converted_as_text() -> None:
+    """A column declared int4[][] is mirrored as text; its stream values, which the
+    RELATION types int4[], are converted to the stored type: the literal, unchanged."""
+    import pyarrow as pa
+
+    from sparkapply.apply.write.columns import convert_column
+
+    literals = [b"{{1,2},{3,4}}", None, b"[0:1][1:1]={{5},{6}}", b"{7}"]
+    as_text = convert_column(INT4_ARRAY, literals, pa.field("m", pa.large_string()))
+    assert as_text.to_pylist() == ["{{1,2},{3,4}}", None, "[0:1][1:1]={{5},{6}}", "{7}"]
+    as_list = convert_column(INT4_ARRAY, [b"{7}"], pa.field("m", pa.large_list(pa.int32())))
+    assert as_list.to_pylist() == [[7]]
+    with pytest.raises(ConversionError, match="multi-dimensional") as info:
+        convert_column(INT4_ARRAY, literals, pa.field("m", pa.large_list(pa.int32())))
+    assert info.value.context["column"] == "m" and "resync" in (info.value.hint or "")

@@ -203,3 +203,21 @@ def test_types_are_hashable_and_picklable() -> None:
     assert pickle.loads(pickle.dumps(ctype)) == ctype
     assert pickle.loads(pickle.dumps(target)) == target
     assert column_target(ctype) is target  # cached: the hot path looks types up per chunk
+
+
+def test_columns_as_text_describes_only_the_named_columns_as_text() -> None:
+    rel = Relation(
+        None,
+        16390,
+        "public",
+        "grid",
+        "d",
+        (RelationColumn(1, "id", 23, -1), RelationColumn(0, "m", 1007, -1)),
+    )
+    assert types.columns_as_text(rel, set()) is rel
+    out = types.columns_as_text(rel, {"m"})
+    assert [(c.name, c.type_oid, c.type_modifier, c.flags) for c in out.columns] == [
+        ("id", 23, -1, 1),
+        ("m", types.TEXT_OID, -1, 0),
+    ]
+    assert column_target(PgColumnType(out.columns[1].type_oid, -1)).kind is ColumnKind.STRING

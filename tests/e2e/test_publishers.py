@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from shutil import which
 
+import pyarrow as pa
 import pytest
 
 from sparkapply.run.subscriber import Subscriber
@@ -613,3 +614,81 @@ def test_verify_refuses_a_multibyte_encoding_it_cannot_hash(pg_server: PgServer)
         assert "multibyte encoding EUC_JP" in str(caught.value)
     finally:
         pg_server.drop_database(name)
+
+
+def test_arrays_of_more_than_one_dimension(mirror: Mirror) -> None:
+    """An Iceberg list has one depth; a PostgreSQL array column may hold any. A column
+    declared with more than one dimension is mirrored as the array's text, copied and
+    streamed (an unchanged TOASTed matrix filled from the row before, a FULL identity
+    row found by its matrix), and so is one added while streaming; one declared with
+    one dimension is a list, and a matrix in it stops the run with the way on: declare
+    the dimensions, resync. A text column altered to an array stays a type change."""
+    from sparkapply.commands.resync import resync
+    from sparkapply.errors import ConversionError, SchemaChangeError
+
+    # 2,000 x 2 random ints: TOASTed out of line (compression cannot keep it inline).
+    big = "(SELECT array_agg(ARRAY[g, (random() * 1e9)::int]) FROM generate_series(1, 2000) g)"
+    mirror.sql(
+        "CREATE TABLE grid (id int PRIMARY KEY, m int[][], t text[][], v int[], note text)",
+        "INSERT INTO grid VALUES (1, '{{1,2},{3,4}}', '{{\"a b\",NULL},{c,\"d,e\"}}', '{1,2}',"
+        " 'n'), (2, '{5,6}', '{}', NULL, 'n'), (3, '[0:1][1:2]={{1,2},{3,4}}', NULL, '{}', 'n')",
+        f"INSERT INTO grid VALUES (4, {big}, NULL, NULL, 'big')",
+        "CREATE TABLE seen (m float8[][][], n int)",
+        "ALTER TABLE seen REPLICA IDENTITY FULL",
+        "INSERT INTO seen VALUES ('{{{1.5,NaN}},{{-0,Infinity}}}', 1), ('{{1}}', 2), (NULL, 3)",
+        "CREATE TABLE flat (id int PRIMARY KEY, v int[])",
+        "INSERT INTO flat VALUES (1, '{1,2}')",
+        "CREATE PUBLICATION pub FOR TABLE grid, seen, flat",
+    )
+    mirror.run()
+    types = mirror.iceberg_types("public.grid")
+    assert pa.types.is_large_string(types["m"]) and pa.types.is_large_string(types["t"])
+    assert pa.types.is_large_list(types["v"])
+    assert pa.types.is_large_string(mirror.iceberg_types("public.seen")["m"])
+    mirror.assert_mirrored("public.grid", "public.seen", "public.flat")
+    mirror.sql(
+        "INSERT INTO grid VALUES (5, '{{{1}},{{2}}}', '{{x}}', '{3}', 'n')",
+        "UPDATE grid SET m = m || ARRAY[[9, 9]] WHERE id = 1",
+        "UPDATE grid SET note = 'kept' WHERE id = 4",  # m unchanged and TOASTed
+        "UPDATE grid SET id = 40, note = 'moved' WHERE id = 4",  # ... and the key moves
+        "UPDATE seen SET n = n + 10 WHERE m = '{{{1.5,NaN}},{{-0,Infinity}}}'",
+        "DELETE FROM seen WHERE n = 2",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.grid", "public.seen")
+    _, rows = mirror.iceberg_rows("public.grid")
+    assert {r[0]: r[1] for r in rows}[1] == "{{1,2},{3,4},{9,9}}"
+    # Columns added while streaming: the publisher's catalog says their dimensions.
+    mirror.sql(
+        "ALTER TABLE grid ADD COLUMN cube numeric[][][], ADD COLUMN row_ int[]",
+        "INSERT INTO grid VALUES (6, NULL, NULL, NULL, 'n', '{{{1.5}},{{2}}}', '{1}')",
+        "UPDATE grid SET cube = '{{{0}}}', row_ = '{}' WHERE id = 1",
+    )
+    mirror.run()
+    types = mirror.iceberg_types("public.grid")
+    assert pa.types.is_large_string(types["cube"]) and pa.types.is_large_list(types["row_"])
+    mirror.assert_mirrored("public.grid")
+
+    mirror.sql("INSERT INTO flat VALUES (2, '{{1,2},{3,4}}')")
+    with pytest.raises(ConversionError) as info:
+        mirror.run()
+    assert "multi-dimensional" in str(info.value) and "flat" in str(info.value)
+    assert info.value.context.get("column") == "v"
+    assert "resync" in (info.value.hint or "")
+    mirror.sql("ALTER TABLE flat ALTER COLUMN v TYPE int[][]")  # no rewrite
+    resync(mirror.config, "public.flat", spark=mirror.spark, catalog=mirror.catalog)
+    mirror.sql("UPDATE flat SET v = '{{5}}' WHERE id = 1", "INSERT INTO flat VALUES (3, '{4}')")
+    mirror.run()
+    assert pa.types.is_large_string(mirror.iceberg_types("public.flat")["v"])
+    # A text column that becomes an array (one dimension) is a type change, as it
+    # was: the rows the ALTER rewrote are not replicated, a resync copies them.
+    mirror.sql("ALTER TABLE grid ALTER COLUMN note TYPE text[] USING ARRAY[note, 'x']")
+    mirror.sql("UPDATE grid SET note = '{y}' WHERE id = 2")
+    with pytest.raises(SchemaChangeError, match=r'column "note" of public\.grid changed type'):
+        mirror.run()
+    resync(mirror.config, "public.grid", spark=mirror.spark, catalog=mirror.catalog)
+    mirror.run()
+    types = mirror.iceberg_types("public.grid")
+    assert pa.types.is_large_list(types["note"]) and pa.types.is_large_string(types["m"])
+    mirror.assert_mirrored("public.grid", "public.seen", "public.flat")
+    _verified_live(mirror)

@@ -2,9 +2,9 @@
 
 Every path that writes rows (the folds, the insert-only path, the initial copy)
 converts a column's text with :func:`~sparkapply.convert.values.to_arrow` for the
-column's PostgreSQL type, then casts it to the Iceberg table's Arrow type (a column
-may have been widened, e.g. int → bigint) and fills the columns a relation version
-lacks with nulls.
+column's PostgreSQL type (or as text: an array the table stores as text), then casts
+it to the Iceberg table's Arrow type (a column may have been widened, e.g. int →
+bigint) and fills the columns a relation version lacks with nulls.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 
 from sparkapply.apply.fold.rowwise import Layout
-from sparkapply.convert.types import PgColumnType
+from sparkapply.convert.types import TEXT_OID, ColumnKind, PgColumnType, column_target
 from sparkapply.convert.values import ColumnValues, to_arrow
 from sparkapply.errors import ConversionError, SparkapplyError
 
@@ -34,9 +34,18 @@ def cast_to_field(arr: pa.Array | pa.ChunkedArray, f: pa.Field) -> pa.Array | pa
 def convert_column(ctype: PgColumnType, values: ColumnValues, f: pa.Field) -> pa.Array:
     """One column of PostgreSQL text values, typed as table column ``f``."""
     try:
-        return cast_to_field(to_arrow(ctype, values), f)
+        return cast_to_field(to_arrow(stored_type(ctype, f), values), f)
     except SparkapplyError as exc:
         raise exc.with_context(column=f.name) from None
+
+
+def stored_type(ctype: PgColumnType, f: pa.Field) -> PgColumnType:
+    """What to convert a column's text as: its PostgreSQL type, or text for an array
+    column the table stores as text (declared with more than one dimension, see
+    ``convert/types.py``, ARRAYS OF MORE THAN ONE DIMENSION)."""
+    if pa.types.is_large_string(f.type) and column_target(ctype).kind is ColumnKind.LIST:
+        return PgColumnType(TEXT_OID, -1)
+    return ctype
 
 
 def convert_columns(

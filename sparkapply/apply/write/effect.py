@@ -33,9 +33,7 @@ from sparkapply.apply.write.columns import convert_column, fit_table
 from sparkapply.apply.write.locate import key_matcher, key_pruner, live_rows, locate_keys
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.convert.types import PgColumnType
-from sparkapply.convert.values import to_arrow
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, empty_table, python_array
-from sparkapply.errors import SparkapplyError
 from sparkapply.plan.keys import canonical_keys, comparable
 
 # Rows per data file written by one task (bounded memory, files of a useful size).
@@ -169,11 +167,7 @@ def rows_to_arrow(rows: Sequence[Row], schema: pa.Schema) -> tuple[pa.Table, dic
                     unchanged[name].append(base + j)
                     v = None
                 raw.append(v)
-            try:
-                arr = to_arrow(_ctype(layout, ci), raw)
-            except SparkapplyError as exc:
-                raise exc.with_context(column=name) from None
-            columns[name] = arr
+            columns[name] = convert_column(_ctype(layout, ci), raw, schema.field(name))
         parts.append(fit_table(columns, len(idxs), schema))
     if not parts:
         return empty_table(schema), {}
