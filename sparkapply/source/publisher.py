@@ -151,6 +151,19 @@ def _check_replication_privilege(conn: psycopg.Connection[tuple[object, ...]], w
     )
 
 
+def _invalidated(slot: str, confirmed: str | None) -> SlotError:
+    return SlotError(
+        f"replication slot {slot!r} was invalidated by the publisher: the changes after "
+        f"{confirmed or 'its confirmed position'} it held for the mirror are gone (it held "
+        "back more WAL than max_slot_wal_keep_size allows, or, on a standby, it conflicted "
+        "with recovery)",
+        hint=f"drop it (SELECT pg_drop_replication_slot({quote_literal(slot)})) and run "
+        "again: sparkapply creates it and copies every published table again, replacing "
+        "the mirror's rows; raise max_slot_wal_keep_size (-1: no limit) so it does not "
+        "happen again",
+    )
+
+
 def ensure_slot(
     conn: ReplicationConnection,
     slot: str,
@@ -160,8 +173,11 @@ def ensure_slot(
     snapshot: str = "nothing",
 ) -> SlotInfo:
     """Find the slot (pgoutput, this database, not in use) or create it."""
+    # A slot on a standby is invalidated by a conflict (PostgreSQL 16+) with its WAL.
+    conflicting = "conflicting" if conn.server_version >= 160000 else "NULL"
     query = (
-        "SELECT plugin, slot_type, database, active_pid, confirmed_flush_lsn, two_phase "
+        "SELECT plugin, slot_type, database, active_pid, confirmed_flush_lsn, two_phase, "
+        f"wal_status, {conflicting} AS conflicting "
         f"FROM pg_replication_slots WHERE slot_name = {quote_literal(slot)}"
     )
     rows = conn.execute(query)
@@ -186,6 +202,8 @@ def ensure_slot(
                 f"replication slot {slot!r} belongs to database {row['database']!r}, not {db!r}",
                 hint="point [source] dsn at the slot's database or choose another slot",
             )
+        if row["wal_status"] == "lost" or row["conflicting"] == "t":
+            raise _invalidated(slot, row["confirmed_flush_lsn"])
         if row["active_pid"]:
             raise SlotError(
                 f"replication slot {slot!r} is in use by process {row['active_pid']} "

@@ -38,6 +38,45 @@ def test_slot_of_the_wrong_kind(mirror: Mirror) -> None:
         mirror.sql(f"SELECT pg_drop_replication_slot('{mirror.slot}')")
 
 
+def test_an_invalidated_slot_stops_the_run_with_the_way_on(mirror: Mirror) -> None:
+    """A slot the publisher invalidated (it held back more WAL than
+    max_slot_wal_keep_size) has lost changes the mirror needs: the run stops, saying so
+    and how to go on. Done as it says (drop the slot, run), the tables are copied
+    again and equal the publisher's."""
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 50) g",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    mirror.run()
+    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+        slots = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots")]
+        assert slots == [mirror.slot]  # no other test's slot is put at risk
+        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            for n in range(4):
+                conn.execute("UPDATE t SET v = %s WHERE id <= 10", (f"lost {n}",))
+                conn.execute("SELECT pg_switch_wal()")
+            conn.execute("CHECKPOINT")
+            row = conn.execute(
+                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (mirror.slot,)
+            ).fetchone()
+        finally:
+            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            conn.execute("SELECT pg_reload_conf()")
+    assert row is not None and row[0] == "lost"
+    with pytest.raises(SlotError, match="was invalidated by the publisher") as info:
+        mirror.run()
+    assert f"pg_drop_replication_slot('{mirror.slot}')" in (info.value.hint or "")
+    mirror.sql(f"SELECT pg_drop_replication_slot('{mirror.slot}')", "DELETE FROM t WHERE id = 50")
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+    mirror.sql("UPDATE t SET v = 'after' WHERE id = 1")
+    mirror.run()
+    mirror.assert_mirrored("public.t")
+
+
 def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -> None:
     mirror.sql("CREATE TABLE t (id int PRIMARY KEY, n int)", "CREATE PUBLICATION pub FOR TABLE t")
     mirror.run()
