@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 
 from sparkapply.errors import ConfigError
-from sparkapply.location import expand_work_dir
+from sparkapply.location import expand_work_dir, from_path
 
 ENV_PREFIX = "SPARKAPPLY_"
 
@@ -128,7 +128,15 @@ class Config:
         return schema, table
 
     def catalog_properties(self) -> dict[str, str]:
-        return {k: expand_work_dir(v, self.work_dir) for k, v in self.sink.catalog.items()}
+        """``[sink.catalog]`` with ``{work_dir}`` expanded. A SQL catalog given no
+        warehouse gets ``work_dir/warehouse``: pyiceberg's would create no table."""
+        props = {k: expand_work_dir(v, self.work_dir) for k, v in self.sink.catalog.items()}
+        sql_catalog = props.get("type", "").lower() == "sql" or (
+            "type" not in props and props.get("uri", "").startswith(("sqlite", "postgresql"))
+        )
+        if sql_catalog and not props.get("warehouse"):
+            props["warehouse"] = from_path(self.work_dir / "warehouse")
+        return props
 
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {

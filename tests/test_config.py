@@ -123,3 +123,37 @@ def test_metrics_are_off_by_default_and_loopback(tmp_path: Path) -> None:
 def test_shipped_local_config_serves_metrics_on_loopback() -> None:
     cfg = load_config(Path(__file__).parent.parent / "configs" / "local.toml", env={})
     assert cfg.metrics.port == 9187 and cfg.metrics.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "catalog",
+    ['type = "sql"\nuri = "sqlite:///{work_dir}/c.db"', 'uri = "sqlite:///{work_dir}/c.db"'],
+)
+def test_a_sql_catalog_without_a_warehouse_keeps_its_tables_in_the_work_dir(
+    tmp_path: Path, catalog: str
+) -> None:
+    """pyiceberg's SQL catalog with no warehouse opens, then creates no table ("No
+    default path is set"): the run would stop at its first table."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    from sparkapply.location import from_path
+    from sparkapply.sink.catalog import open_catalog
+    from sparkapply.sink.tables import ensure_table
+
+    text = f'work_dir = "{tmp_path}/w"\n{BASE}[sink.catalog]\n{catalog}\n'
+    cfg = load_config(write(tmp_path, text), env={})
+    props = cfg.catalog_properties()
+    assert props["warehouse"] == from_path(cfg.work_dir / "warehouse")
+    table = ensure_table(
+        open_catalog("t", props), ("ns", "t"), Schema(NestedField(1, "id", LongType()))
+    )
+    assert table.location().startswith(props["warehouse"])
+
+
+def test_a_warehouse_given_or_another_catalog_is_left_as_it_is(tmp_path: Path) -> None:
+    given = '[sink.catalog]\ntype = "sql"\nuri = "sqlite:///x.db"\nwarehouse = "s3://b/w"\n'
+    cfg = load_config(write(tmp_path, BASE + given), env={})
+    assert cfg.catalog_properties()["warehouse"] == "s3://b/w"
+    rest = '[sink.catalog]\ntype = "rest"\nuri = "http://catalog:8181"\n'
+    assert "warehouse" not in load_config(write(tmp_path, BASE + rest), env={}).catalog_properties()
