@@ -34,10 +34,10 @@ from sparkapply.run.batch import Applier, BatchStats
 from sparkapply.run.errors import spark_job_error
 from sparkapply.run.sweep import sweep_staged
 from sparkapply.sink.atomic import atomic_commits, commit_mode
-from sparkapply.sink.cuts import CutLog, cuts_identifier
+from sparkapply.sink.cuts import CutLog, claim_cuts_table, cuts_identifier
 from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
-from sparkapply.source.publisher import PublishedTable, SlotInfo, ensure_slot
+from sparkapply.source.publisher import PublishedTable, SlotInfo, ensure_slot, publisher_identity
 from sparkapply.source.stream import ReplicationStream
 from sparkapply.staging.records import waiting_files
 from sparkapply.staging.stager import Stager
@@ -74,6 +74,8 @@ def copy_first(
     exported snapshot lives until the next command on ``conn``; see
     :mod:`sparkapply.copy.driver`), and the copier that copies tables published later."""
     src = cfg.source
+    if cfg.sink.cuts_table:  # before anything is copied into the catalog
+        claim_cuts_table(catalog, cuts_identifier(cfg.sink.cuts_table), publisher_identity(conn))
     slot = ensure_slot(
         conn, src.slot, create=src.create_slot, two_phase=protocol.two_phase, snapshot="export"
     )

@@ -26,6 +26,14 @@ batch did not touch holds exactly the transactions up to the cut (none of the la
 ones touched it). A table copied at a point past the cut (a table added to the
 publication while the stream is behind) is left out until the stream passes it.
 
+ONE PUBLISHER A CUTS TABLE
+
+Cuts are ordered by LSN, and LSNs of two publishers (two servers, or two databases of
+one) say nothing of each other: "the latest cut" of a table two subscribers wrote to
+would be either's. So the table records whose cuts it holds (the table property
+:data:`SOURCE_PROPERTY`: the publisher's system identifier and database), and a
+subscriber of another refuses to start on it; each needs its own ``cuts_table``.
+
 WHICH CUTS ARE KEPT, AND WHAT THEY PROTECT
 
 Every cut of the last :data:`DENSE_SECONDS`; before that, the last cut of each minute
@@ -64,7 +72,7 @@ from pyiceberg.types import BooleanType, LongType, NestedField, StringType, Time
 
 from sparkapply import location
 from sparkapply.datafiles import arrow_schema_of, data_directory
-from sparkapply.errors import CommitConflictError, CutError, SinkError
+from sparkapply.errors import CommitConflictError, ConfigError, CutError, SinkError
 from sparkapply.lsn import Lsn
 from sparkapply.sink.atomic import commit_together
 from sparkapply.sink.commit import StagedSnapshot, commit_files, commit_staged, stage_files
@@ -76,6 +84,8 @@ from sparkapply.sink.tables import TableIdentifier, ensure_table, table_name
 logger = logging.getLogger(__name__)
 
 DEFAULT_CUTS_TABLE = "sparkapply.cuts"
+SOURCE_PROPERTY = "sparkapply.source"
+"""Cuts table property: the publisher whose cuts it holds (see ONE PUBLISHER A CUTS TABLE)."""
 # Every cut younger than this is kept. Each kept cut keeps a snapshot of every hot
 # table, and a table's metadata (copied and rewritten at each commit) grows with its
 # snapshots: at two batches a second a minute is 120 of them, about what the apply's
@@ -152,6 +162,29 @@ class _TableState:
     iceberg: TableIdentifier
     snapshot_id: int | None
     applied: Lsn
+
+
+def claim_cuts_table(catalog: Catalog, identifier: TableIdentifier, source: str) -> None:
+    """Create the cuts table if missing and record ``source`` (``system <id>, database
+    <name>``) as the publisher whose cuts it holds; refuse one that holds another's
+    (see ONE PUBLISHER A CUTS TABLE)."""
+    table = ensure_table(catalog, identifier, CUTS_SCHEMA)
+    held = table.properties.get(SOURCE_PROPERTY)
+    if held == source:
+        return
+    if held is not None:
+        raise ConfigError(
+            f"the cuts table {'.'.join(identifier)} holds the cuts of another publisher "
+            f"({held}), not of this one ({source}): the LSNs of two publishers cannot be "
+            "ordered",
+            key="sink.cuts_table",
+            hint="give each subscriber its own [sink] cuts_table (e.g. "
+            f"{identifier[0]}.cuts_<database>); if this is the same database moved to a "
+            "new server (pg_upgrade), drop the cuts table and the next run records cuts "
+            "afresh",
+        )
+    with table.transaction() as txn:
+        txn.set_properties({SOURCE_PROPERTY: source})
 
 
 class CutLog:

@@ -151,6 +151,13 @@ def _check_replication_privilege(conn: psycopg.Connection[tuple[object, ...]], w
     )
 
 
+def publisher_identity(conn: ReplicationConnection) -> str:
+    """``system <id>, database <name>``: which publisher a mirror is of (IDENTIFY_SYSTEM;
+    a physical standby shares its primary's system identifier)."""
+    (system,) = conn.execute("IDENTIFY_SYSTEM")
+    return f"system {system['systemid']}, database {system['dbname']}"
+
+
 def _invalidated(slot: str, confirmed: str | None) -> SlotError:
     return SlotError(
         f"replication slot {slot!r} was invalidated by the publisher: the changes after "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -10,8 +11,15 @@ import pytest
 
 from sparkapply.commands.resync import resync
 from sparkapply.embedded import EmbeddedPostgres
-from sparkapply.errors import PublicationError, SchemaChangeError, SlotError, SourceError
+from sparkapply.errors import (
+    ConfigError,
+    PublicationError,
+    SchemaChangeError,
+    SlotError,
+    SourceError,
+)
 from sparkapply.sink.read import read_table
+from tests.conftest import PgServer
 from tests.mirror import Mirror, cli
 
 pytestmark = pytest.mark.integration
@@ -75,6 +83,42 @@ def test_an_invalidated_slot_stops_the_run_with_the_way_on(mirror: Mirror) -> No
     mirror.sql("UPDATE t SET v = 'after' WHERE id = 1")
     mirror.run()
     mirror.assert_mirrored("public.t")
+
+
+def test_two_publishers_cannot_share_a_cuts_table(
+    mirror: Mirror, pg_server: PgServer, spark: object
+) -> None:
+    """Two databases mirrored into one catalog: their LSNs cannot be ordered, so one
+    cuts table cannot hold both's cuts (the newest would be either's). The second
+    subscriber refuses to start, naming the key, before it writes anything; with its
+    own cuts table it runs."""
+    mirror.sql("CREATE TABLE a (id int PRIMARY KEY)", "CREATE PUBLICATION pub FOR TABLE a")
+    mirror.run()
+    name = pg_server.create_database("second")
+    try:
+        other = Mirror(pg_server.dsn(name), mirror.config.work_dir.parent / "second", spark)
+        # The first mirror's catalog and warehouse (public.a there, public.b here).
+        sink = dataclasses.replace(mirror.config.sink, catalog=mirror.config.catalog_properties())
+        other.config = dataclasses.replace(other.config, sink=sink)
+        other.sql("CREATE TABLE b (id int PRIMARY KEY)", "CREATE PUBLICATION pub FOR TABLE b")
+        with pytest.raises(ConfigError, match="holds the cuts of another publisher") as info:
+            other.run()
+        assert info.value.context["key"] == "sink.cuts_table"
+        assert f"database {name}" in str(info.value)
+        with psycopg.connect(other.dsn) as conn:  # refused before the slot and the copy
+            assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (1,)
+        assert not mirror.catalog.table_exists(("public", "b"))
+        other.config = dataclasses.replace(
+            other.config, sink=dataclasses.replace(sink, cuts_table="sparkapply.cuts_second")
+        )
+        other.sql("INSERT INTO b VALUES (1)")
+        other.run()
+        other.assert_mirrored("public.b")
+        mirror.sql("INSERT INTO a VALUES (1)")
+        mirror.run()  # the first still runs on its own
+        mirror.assert_mirrored("public.a")
+    finally:
+        pg_server.drop_database(name)
 
 
 def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -> None:
