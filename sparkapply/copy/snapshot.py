@@ -21,6 +21,7 @@ invisible to the snapshot anyway, but the bound costs nothing).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from sparkapply.convert.types import TEXT_OID, PgColumnType
+from sparkapply.convert.types import PgColumnType, columns_as_text
 from sparkapply.errors import PublicationError
 from sparkapply.pgoutput.messages import Relation, RelationColumn
 
@@ -152,20 +153,28 @@ def describe_tables(
         return []
     oids = [int(rows[0][2]) for rows in grouped.values()]
     columns: dict[int, list[tuple[str, int, int, bool, bool]]] = {}
+    multidimensional: dict[int, set[str]] = {}
     for relid, attname, typid, typmod, is_key, generated, ndims in conn.execute(
         _COLUMNS_SQL, (oids,)
     ).fetchall():
-        if ndims > 1:  # see convert/types.py, ARRAYS OF MORE THAN ONE DIMENSION
-            typid, typmod = TEXT_OID, -1
         columns.setdefault(int(relid), []).append(
             (str(attname), int(typid), int(typmod), bool(is_key), bool(generated))
         )
+        if ndims > 1:
+            multidimensional.setdefault(int(relid), set()).add(str(attname))
     # pgoutput publishes a generated column from PostgreSQL 18 on only (and then as
     # pg_publication_tables says); PostgreSQL 15's view lists them all the same.
     generated_ok = conn.info.server_version >= 180000
-    return [
+    described = [
         _describe(key, rows, columns.get(int(rows[0][2]), []), block_size, generated_ok)
         for key, rows in grouped.items()
+    ]
+    # Mirrored as text (convert/types.py, ARRAYS OF MORE THAN ONE DIMENSION).
+    return [
+        dataclasses.replace(
+            t, relation=columns_as_text(t.relation, multidimensional.get(t.oid, set()))
+        )
+        for t in described
     ]
 
 
