@@ -90,6 +90,27 @@ A TABLE DROPPED AND CREATED AGAIN
     first seen. A table renamed keeps its OID and is a new name: it is copied under
     it; the old name's Iceberg table stays, as a dropped table's does.
 
+COLUMNS THAT ARRIVE WITH VALUES
+
+    A RELATION that adds a column says nothing of the rows already in the table, and
+    PostgreSQL replicates no change for them: ``ADD COLUMN c int DEFAULT 0`` (or an
+    identity, a volatile default that rewrites the table, a stored generated column)
+    gives every existing row a value on the publisher, and a column added to the
+    publication's column list brings the values it always had. The stream would
+    leave them null. So when a batch's RELATION adds a column to a table that holds
+    rows, the publisher's catalog is asked whether the rows before it may hold values
+    (:func:`~sparkapply.copy.snapshot.columns_with_earlier_values`): a default, a
+    fast default kept for older rows (``atthasmissing``), an identity or generation
+    expression, or a column number at or below the highest the table had when it was
+    copied (recorded as :data:`LAST_ATTNUM_PROPERTY`: such a column existed then and
+    was not published). If so, the table is copied again before the batch, like a
+    table added later: its rows as of a fresh snapshot, its transactions before it
+    skipped. A plain ``ADD COLUMN`` (no default) is null in every older row on the
+    publisher too, and costs one catalog query. The intent is recorded on the table
+    first (:data:`COPY_AGAIN_PROPERTY`, cleared by the copy's commit), so a kill
+    before the copy commits (after which the column is no longer new) still copies it
+    at the next start.
+
 Known limits: a table removed from the publication and added again later keeps its
 applied LSN, so it is not copied again by itself (its changes in between were never
 published): run ``resync`` for it. A partitioned table published through its root is
@@ -120,6 +141,7 @@ from sparkapply.copy.snapshot import (
     DEFAULT_SLICE_BYTES,
     SourceTable,
     begin_at_snapshot,
+    columns_with_earlier_values,
     describe_tables,
     multidimensional_columns,
     published_tables,
@@ -128,10 +150,12 @@ from sparkapply.copy.tasks import SliceResult
 from sparkapply.errors import ConnectionLostError, CopyError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
+from sparkapply.pgoutput.messages import Relation
 from sparkapply.sink.commit import commit_files
 from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import table_for_relation
+from sparkapply.sink.stats import live_rows
 from sparkapply.sink.tables import ensure_table
 from sparkapply.source.connection import ReplicationConnection, session_conninfo
 from sparkapply.source.negotiation import quote_ident
@@ -200,6 +224,9 @@ class TableCopier:
         # Copied (with the OID copied), or not ours to copy (None: any OID).
         self._known: dict[tuple[str, str], int | None] = {}
         self._recreated: set[tuple[str, str]] = set()  # being copied again: a new OID
+        # Columns a table is known to have (Iceberg's, and its RELATIONs'), so that
+        # only a RELATION with another column costs a look (_columns_with_values).
+        self._columns: dict[tuple[str, str], frozenset[str]] = {}
         self._last_check = time.monotonic()
 
     def target(self, schema: str, name: str) -> tuple[str, str]:
@@ -253,6 +280,43 @@ class TableCopier:
                     seen.add(key)
         if seen:
             self._check(sorted(seen), "first change of the table in the stream")
+        valued = self._columns_with_values(batch)
+        if valued:
+            self.copy_from_temporary_snapshot(valued, "copy again: columns added with values")
+
+    def _columns_with_values(self, batch: Sequence[CommittedTxn]) -> list[tuple[str, str]]:
+        """Tables a RELATION of ``batch`` adds columns to that the publisher's older
+        rows may hold values in (module doc, COLUMNS THAT ARRIVE WITH VALUES); each is
+        marked to be copied again."""
+        newest: dict[tuple[str, str], tuple[Relation, Lsn]] = {}
+        for txn in batch:
+            for rel in txn.relation_messages:
+                newest[source_identifier(rel)] = (rel, txn.commit_lsn)
+        out = []
+        for key, (rel, lsn) in newest.items():
+            names = {c.name for c in rel.columns}
+            if self._known.get(key) is None or names <= self._columns.get(key, frozenset()):
+                continue  # not ours, or no column this table has not shown before
+            table = self.catalog.load_table(self.target(*key))
+            held = {f.name for f in table.schema().fields}
+            self._columns[key] = frozenset(names | held)
+            added = sorted(names - held)
+            applied = applied_lsn(table)
+            if not added or applied is None or lsn <= applied or not live_rows(table):
+                continue
+            with self._connect() as c:
+                valued = columns_with_earlier_values(c, rel.relation_id, added, last_attnum(table))
+            if valued:
+                log.warning(
+                    "table %s.%s: column(s) %s arrive with values in rows the stream does "
+                    "not resend (a default, or a column newly published); copying the "
+                    "table again",
+                    *key,
+                    ", ".join(sorted(valued)),
+                )
+                mark_copy_again(table, sorted(valued))
+                out.append(key)
+        return out
 
     def due(self) -> bool:
         return time.monotonic() - self._last_check >= self.check_interval
@@ -296,6 +360,14 @@ class TableCopier:
             copied_oid = source_oid(table)
             if applied_lsn(table) is None:
                 out.append(t.key)
+            elif COPY_AGAIN_PROPERTY in table.properties:
+                log.warning(
+                    "table %s is marked to be copied again (columns %s arrived with values); "
+                    "copying it",
+                    t.qualified,
+                    table.properties[COPY_AGAIN_PROPERTY],
+                )
+                out.append(t.key)
             elif copied_oid is not None and copied_oid != t.oid:
                 log.warning(
                     "table %s is a new relation (OID %d; %d was copied): it was dropped and "
@@ -308,7 +380,7 @@ class TableCopier:
                 out.append(t.key)
             else:
                 if copied_oid is None:  # copied before OIDs were recorded
-                    record_source_oid(table, t.oid)
+                    record_copied(table, t)
                 self._known[t.key] = t.oid
         return out
 
@@ -452,7 +524,8 @@ class TableCopier:
                 errors.append(exc.with_context(table=p.source.qualified))
                 continue
             failpoint("copy-after-table-commit")
-            record_source_oid(p.table, p.source.oid)
+            record_copied(p.table, p.source)
+            self._columns.pop(p.source.key, None)
             report.rows[".".join(p.ident)] = rows
             report.bytes += sum(r.bytes for r in mine)
             self._known[p.source.key] = p.source.oid
@@ -478,6 +551,10 @@ class TableCopier:
 
 SOURCE_OID_PROPERTY = "sparkapply.source-oid"
 """Table property: the OID of the PostgreSQL relation the table was copied from."""
+LAST_ATTNUM_PROPERTY = "sparkapply.source-last-attnum"
+"""Table property: the highest column number the relation had when it was copied."""
+COPY_AGAIN_PROPERTY = "sparkapply.copy-again"
+"""Table property, while set: the table is to be copied again (the columns why)."""
 
 
 def source_oid(table: Table) -> int | None:
@@ -485,18 +562,42 @@ def source_oid(table: Table) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
 
-def record_source_oid(table: Table, oid: int) -> None:
-    """Record ``oid`` on ``table``; a commit that loses to maintenance's is tried once
-    more on the table as it then is. Not recorded, the next start copies the table
-    again (as after a crash here), which is slow but right."""
+def last_attnum(table: Table) -> int:
+    """:data:`LAST_ATTNUM_PROPERTY`, or 0 for a table copied before it was recorded."""
+    text = table.properties.get(LAST_ATTNUM_PROPERTY, "")
+    return int(text) if text.isdigit() else 0
+
+
+def record_copied(table: Table, source: SourceTable) -> None:
+    """Record what ``table`` was copied from, and that it needs no copy again."""
+    _set_properties(
+        table,
+        {SOURCE_OID_PROPERTY: str(source.oid), LAST_ATTNUM_PROPERTY: str(source.last_attnum)},
+        remove=(COPY_AGAIN_PROPERTY,),
+    )
+
+
+def mark_copy_again(table: Table, columns: Sequence[str]) -> None:
+    _set_properties(table, {COPY_AGAIN_PROPERTY: ", ".join(columns)})
+
+
+def _set_properties(table: Table, properties: dict[str, str], remove: Sequence[str] = ()) -> None:
+    """A commit that loses to maintenance's is tried once more on the table as it then
+    is. Not recorded, the next start copies the table again (as after a crash here),
+    which is slow but right."""
     for attempt in (1, 2):
         try:
+            present = [k for k in remove if k in table.properties]  # pyiceberg: else KeyError
             with table.transaction() as txn:
-                txn.set_properties({SOURCE_OID_PROPERTY: str(oid)})
+                txn.set_properties(properties)
+                if present:
+                    txn.remove_properties(*present)
             return
         except CommitFailedException:
             if attempt == 2:
-                log.warning("table %s: could not record its source OID", ".".join(table.name()))
+                log.warning(
+                    "table %s: could not record %s", ".".join(table.name()), sorted(properties)
+                )
                 return
             table.refresh()
 

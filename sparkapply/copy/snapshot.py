@@ -49,7 +49,8 @@ SELECT n.nspname, c.relname, c.oid, c.relkind, c.relreplident, {attnames}, {rowf
        CASE WHEN c.relkind = 'p'
             THEN (SELECT coalesce(sum(greatest(k.reltuples, 0)), 0)
                   FROM pg_partition_tree(c.oid) t JOIN pg_class k ON k.oid = t.relid)
-            ELSE c.reltuples END
+            ELSE c.reltuples END,
+       c.relnatts
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -82,6 +83,9 @@ class SourceTable:
     size_bytes: int  # heap size (all partitions for 'p')
     block_size: int
     estimated_rows: int  # pg_class.reltuples; -1 when never analysed
+    # pg_class.relnatts: the highest column number the table has ever given, dropped
+    # columns included; every column numbered above it was added after this look.
+    last_attnum: int = 0
 
     @property
     def qualified(self) -> str:
@@ -186,7 +190,7 @@ def _describe(
     generated_ok: bool = True,
 ) -> SourceTable:
     schema, name = key
-    _, _, oid, relkind, replident, _, _, size, reltuples = rows[0]
+    _, _, oid, relkind, replident, _, _, size, reltuples, last_attnum = rows[0]
     lists = {tuple(r[5]) if r[5] is not None else None for r in rows}
     if len(lists) > 1:
         raise PublicationError(
@@ -217,6 +221,7 @@ def _describe(
         size_bytes=int(size),
         block_size=block_size,
         estimated_rows=int(reltuples) if float(reltuples) >= 0 else -1,
+        last_attnum=int(last_attnum),
     )
 
 
@@ -229,6 +234,23 @@ def multidimensional_columns(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s) "
         "AND attndims > 1 AND NOT attisdropped",
         (relation_oid, list(names)),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def columns_with_earlier_values(
+    conn: psycopg.Connection[Any], relation_oid: int, names: Collection[str], last_attnum: int
+) -> set[str]:
+    """The columns of ``names`` that rows written before they reached the stream may
+    hold values in (see copy/driver.py, COLUMNS THAT ARRIVE WITH VALUES): those with a
+    default, a fast default PostgreSQL keeps for older rows (``atthasmissing``), an
+    identity or a generation expression, and those numbered at or below
+    ``last_attnum``, which the table had when it was copied."""
+    rows = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s) "
+        "AND NOT attisdropped AND (atthasdef OR atthasmissing OR attidentity <> '' "
+        "OR attgenerated <> '' OR attnum <= %s)",
+        (relation_oid, list(names), last_attnum),
     ).fetchall()
     return {str(r[0]) for r in rows}
 

@@ -213,17 +213,17 @@ def apply_evolution(
 
 def _note_added_to_rows(table: Table, name: str, added: list[str]) -> None:
     """Columns added to a table with rows read null in those rows. PostgreSQL sends no
-    change for them, so when the publisher's rows hold values there (``ADD COLUMN ...
-    DEFAULT``, a column added to the publication's column list) only a copy brings
-    them: say so once, where the operator looks (at INFO: a plain ADD COLUMN, the
-    usual case, leaves them null on the publisher too)."""
+    change for them; a column whose older rows may hold values (a default, a column
+    newly published) had the table copied again before this (copy/driver.py, COLUMNS
+    THAT ARRIVE WITH VALUES), so these are null on the publisher too. Say so once, at
+    INFO, with the way on should a row have been given a value the catalog cannot show
+    (a column filled while it was left out of the publication's column list)."""
     rows = live_rows(table) if added else 0
     if rows:
         logger.info(
-            "Iceberg table %s: column(s) %s added; its %s existing rows read null there "
-            "until changed. If they hold values on the publisher (ADD COLUMN ... DEFAULT, "
-            "a column added to the publication's column list), a `sparkapply resync` "
-            "of the table copies them; `sparkapply verify` shows which rows differ",
+            "Iceberg table %s: column(s) %s added, with no default; its %s existing "
+            "rows read null there, as on the publisher. `sparkapply verify` shows any "
+            "row that differs; `sparkapply resync` of the table copies them",
             name,
             ", ".join(added),
             f"{rows:,}",

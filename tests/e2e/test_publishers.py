@@ -498,11 +498,10 @@ def test_a_column_added_to_the_column_list(
     mirror: Mirror, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A column added to a publication's column list arrives in the next RELATION, and
-    PostgreSQL sends nothing for the rows it already had: in the mirror they read null
-    there until changed (documented; the native subscriber has the same gap). The log
-    says so at the change, and a resync of the table copies them."""
-    from sparkapply.commands.resync import resync
-
+    PostgreSQL sends nothing for the rows it already had. The column existed when the
+    table was copied (its number is at or below the one recorded then), so its older
+    rows may hold values: the table is copied again, and they read as on the
+    publisher. (Before, they read null until changed or resynced.)"""
     mirror.sql(
         "CREATE TABLE cl (id int PRIMARY KEY, a text, b text)",
         "INSERT INTO cl SELECT g, 'a' || g, 'b' || g FROM generate_series(1, 30) g",
@@ -514,15 +513,62 @@ def test_a_column_added_to_the_column_list(
         "ALTER PUBLICATION pub SET TABLE cl (id, a, b)",
         "UPDATE cl SET a = 'changed' WHERE id <= 10",
     )
-    with caplog.at_level("INFO", logger="sparkapply.sink.tables"):
+    with caplog.at_level("INFO", logger="sparkapply.copy.driver"):
         mirror.run()
-    assert "column(s) b added; its 30 existing rows read null there" in caplog.text
+    assert "public.cl: column(s) b arrive with values" in caplog.text
     _, rows = mirror.iceberg_rows("public.cl")
     by_id = {r[0]: r for r in rows}
-    assert by_id[5] == (5, "changed", "b5") and by_id[20] == (20, "a20", None)
-    resync(mirror.config, "public.cl", spark=mirror.spark, catalog=mirror.catalog)
-    mirror.run()
+    assert by_id[5] == (5, "changed", "b5") and by_id[20] == (20, "a20", "b20")
     mirror.assert_mirrored("public.cl")
+
+
+def test_columns_added_with_values_copy_the_table_again(
+    mirror: Mirror, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """``ADD COLUMN ... DEFAULT`` gives the rows already there a value PostgreSQL never
+    replicates: a fast default it keeps for older rows, a volatile default that
+    rewrites the table, an identity. Such a column makes the table be copied again
+    before the batch that brings it; a plain ADD COLUMN (null in older rows on the
+    publisher too) does not. A kill after the copy evolved the table, before it
+    committed, still copies it at the next start: the intent is recorded first."""
+    mirror.sql(
+        "CREATE TABLE mig (id int PRIMARY KEY, v text)",
+        "INSERT INTO mig SELECT g, 'v' || g FROM generate_series(1, 40) g",
+        "CREATE TABLE plain (id int PRIMARY KEY, v text)",
+        "INSERT INTO plain SELECT g, 'p' || g FROM generate_series(1, 40) g",
+        "CREATE TABLE later (id int PRIMARY KEY)",
+        "INSERT INTO later SELECT generate_series(1, 10)",
+        "CREATE PUBLICATION pub FOR TABLE mig, plain, later",
+    )
+    mirror.run()
+    mirror.sql(
+        "ALTER TABLE mig ADD COLUMN active boolean NOT NULL DEFAULT true",
+        "ALTER TABLE mig ADD COLUMN born timestamptz DEFAULT clock_timestamp()",
+        "ALTER TABLE mig ADD COLUMN n int GENERATED ALWAYS AS IDENTITY",
+        "UPDATE mig SET v = 'changed' WHERE id <= 5",
+        "INSERT INTO mig (id, v, active) VALUES (100, 'new', false)",
+        "ALTER TABLE plain ADD COLUMN note text",
+        "UPDATE plain SET note = 'noted' WHERE id <= 5",
+    )
+    with caplog.at_level("INFO", logger="sparkapply.copy.driver"):
+        mirror.run()
+    assert "public.mig: column(s) active, born, n arrive with values" in caplog.text
+    copies = [r.getMessage() for r in caplog.records if "copy again" in r.getMessage()]
+    assert copies and all("public.plain" not in c for c in copies), copies
+    _, rows = mirror.iceberg_rows("public.mig")
+    assert all(r[2] is True for r in rows if r[0] != 100), "older rows hold the default"
+    mirror.assert_mirrored("public.mig", "public.plain")
+
+    mirror.sql(
+        "ALTER TABLE later ADD COLUMN flag int DEFAULT 7", "INSERT INTO later VALUES (11, 1)"
+    )
+    mirror.run_killed("copy-before-commit", tmp_path)
+    later = mirror.catalog.load_table("public.later")
+    assert "flag" in {f.name for f in later.schema().fields}, "the kill came after the evolve"
+    assert later.properties.get("sparkapply.copy-again") == "flag"
+    mirror.run()
+    mirror.assert_mirrored("public.later")
+    assert "sparkapply.copy-again" not in mirror.catalog.load_table("public.later").properties
 
 
 def test_a_table_dropped_and_created_again(mirror: Mirror) -> None:
