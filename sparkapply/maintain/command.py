@@ -11,7 +11,7 @@ from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.cuts import cuts_identifier, protected_snapshots
 from sparkapply.sink.progress import LSN_TABLE_PROPERTY
 from sparkapply.sink.tables import TableIdentifier
-from sparkapply.staging.records import waiting_files
+from sparkapply.staging.records import kept_by_staging
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def run_maintain(
         spark,  # type: ignore[arg-type]
         catalog,
         protected=protected,
-        waiting=lambda: waiting_files(config.work_dir),
+        waiting=lambda: kept_by_staging(config.work_dir),
     )
     reports = [maintainer.run(ident, dry_run=dry_run) for ident in idents]
     if not reports:

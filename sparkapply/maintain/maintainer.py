@@ -175,8 +175,9 @@ class Maintainer:
         self.config = config
         # The snapshots kept cuts name, by table: expiry keeps them (sink/cuts.py).
         self.protected = protected or (lambda ident: ())
-        # Files staged for prepared transactions: the orphan sweep keeps them, however
-        # long COMMIT PREPARED takes to come (staging/records.py).
+        # Files staged for prepared or streamed transactions, as name prefixes: the
+        # orphan sweep keeps them, however long their commit takes to come
+        # (staging/records.py, kept_by_staging).
         self.waiting = waiting or (lambda: ())
         # Beside the apply (its own thread): each commit holds the table's lock.
         self.locks = locks

@@ -39,7 +39,7 @@ from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
 from sparkapply.source.publisher import PublishedTable, SlotInfo, ensure_slot, publisher_identity
 from sparkapply.source.stream import ReplicationStream
-from sparkapply.staging.records import waiting_files
+from sparkapply.staging.records import kept_by_staging
 from sparkapply.staging.stager import Stager
 from sparkapply.state.layout import prepared_dir
 
@@ -208,7 +208,7 @@ def _maintenance(
             catalog,
             locks=applier.locks,
             protected=cuts.protected if cuts is not None else None,
-            waiting=lambda: waiting_files(cfg.work_dir),
+            waiting=lambda: kept_by_staging(cfg.work_dir),
         ),
         applier.known_tables,
         retain_snapshots=cfg.sink.retain_snapshots,

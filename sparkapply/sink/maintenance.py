@@ -300,8 +300,9 @@ def sweep_orphans(
 ) -> OrphanOutcome:
     """Delete the files under the table's location that the current metadata does not
     reference and that were last modified before ``older_than``; see the module doc.
-    ``waiting``: files no snapshot references yet that a commit still will (staged
-    for a prepared transaction, however long it waits for COMMIT PREPARED).
+    ``waiting``: files no snapshot references yet that a commit still will, as name
+    prefixes (a file's full name is one): staged for a prepared transaction, however
+    long it waits for COMMIT PREPARED, or for a streamed one, however long it runs.
 
     The table is refreshed first, so that a commit that landed since it was loaded
     protects its files."""
@@ -313,10 +314,12 @@ def sweep_orphans(
         "nothing was deleted; the sweep runs again at the next interval",
     ):
         table.refresh()
-    keep = referenced_files(table) | {_key(p) for p in waiting}
+    keep = referenced_files(table)
+    kept_prefixes = tuple(_key(p) for p in waiting)
     outcome = OrphanOutcome()
     for path, size, mtime in list_files(table.location()):
-        if not path.endswith(_DELETABLE) or _key(path) in keep:
+        key = _key(path)
+        if not path.endswith(_DELETABLE) or key in keep or key.startswith(kept_prefixes):
             continue
         if mtime >= older_than:
             outcome.too_young += 1

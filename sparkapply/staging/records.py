@@ -28,10 +28,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkapply import location
 from sparkapply.apply.write.parquet import filesystem
 from sparkapply.staging.piece import StagedFiles, StageResult, StageTask
 from sparkapply.state.durable import write_json_durably
-from sparkapply.state.layout import journal_entry, prepared_dir, staged_records
+from sparkapply.state.layout import (
+    is_journal_entry,
+    journal_entry,
+    prepared_dir,
+    staged_records,
+    staging_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +132,26 @@ def waiting_files(work_dir: Path) -> set[str]:
         for t in piece.tables
         for f in t.written()
     }
+
+
+def kept_by_staging(work_dir: Path) -> set[str]:
+    """What no orphan sweep may delete, as name prefixes (a file's own name is one):
+    the files staged for prepared transactions (:func:`waiting_files`), and every
+    file a journalled piece writes or wrote, which a streamed transaction's commit
+    will reference however long it is in coming. The journal is emptied at start,
+    so these are the live session's pieces (or a killed one's, until the next
+    start sweeps them)."""
+    kept = waiting_files(work_dir)
+    root = staging_dir(work_dir)
+    entries = sorted(root.iterdir()) if root.is_dir() else []
+    for entry in entries:
+        if not is_journal_entry(entry):
+            continue
+        try:
+            kept.update(location.join(d, prefix) for _, d, prefix in read_journal(entry))
+        except (OSError, ValueError, KeyError) as exc:  # gone meanwhile: committed
+            log.debug("staging journal %s not read: %s", entry, exc)
+    return kept
 
 
 def delete_files(uris: Sequence[str]) -> None:

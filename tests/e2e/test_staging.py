@@ -20,10 +20,11 @@ import pytest
 
 from sparkapply.maintain.command import run_maintain
 from sparkapply.run.batch import BatchStats
+from sparkapply.run.subscriber import Subscriber
 from sparkapply.sink.maintenance import referenced_files
 from sparkapply.staging.records import waiting_files
 from tests.conftest import PgServer
-from tests.mirror import Mirror
+from tests.mirror import Mirror, Running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -322,4 +323,41 @@ def test_a_prepared_streamed_update_is_staged_by_key(staging: Mirror) -> None:
     summary = m.run()
     m.assert_mirrored("public.t")
     assert summary.staged_rows > 1000, summary
+    assert not _unreferenced(m, "public.t")
+
+
+def test_the_orphan_sweep_keeps_a_running_transactions_staged_files(staging: Mirror) -> None:
+    """A streamed transaction's pieces are staged while it runs, and no snapshot
+    references their files until it commits, which may be hours later. An orphan
+    sweep meanwhile (here with no grace at all, from ``sparkapply maintain``) keeps
+    them: the journal names them. Before, it deleted them, and the commit stopped
+    the run ("data file to add does not exist")."""
+    m = staging
+    m.sql(
+        "CREATE TABLE t (id bigint PRIMARY KEY, v text)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    m.run()
+    journal = Path(str(m.config.work_dir)) / "staging"
+    before = _data_files(m)
+    running = Running(Subscriber(m.config, spark=m.spark, catalog=m.catalog))
+    try:
+        with psycopg.connect(m.dsn) as conn:
+            conn.execute("INSERT INTO t SELECT g, 'running' FROM generate_series(1, 6000) g")
+            wait_until(
+                lambda: any(journal.glob("*.json")) and bool(_data_files(m) - before),
+                "pieces to be staged",
+            )
+            staged = _data_files(m) - before
+            no_grace = dataclasses.replace(
+                m.config,
+                maintenance=dataclasses.replace(m.config.maintenance, orphan_grace_seconds=-60.0),
+            )
+            run_maintain(no_grace, table="public.t")
+            assert all(Path(f).exists() for f in staged)
+            conn.execute("INSERT INTO t VALUES (0, 'last')")
+        running.wait_flushed(m.insert_lsn())
+    finally:
+        running.stop()
+    m.assert_mirrored("public.t")
     assert not _unreferenced(m, "public.t")
