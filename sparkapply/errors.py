@@ -184,6 +184,13 @@ class CopyError(SparkapplyError):
     """The initial copy (or a resync) of a table failed; ``table`` names it."""
 
 
+class TableMovedError(CopyError):
+    """A table was renamed or dropped while it was being copied. The next session
+    copies what is published then, under the names it has then."""
+
+    kind = ErrorKind.TRANSIENT
+
+
 class SinkError(SparkapplyError):
     """The Iceberg catalog or table refused a write."""
 

@@ -111,10 +111,17 @@ COLUMNS THAT ARRIVE WITH VALUES
     before the copy commits (after which the column is no longer new) still copies it
     at the next start.
 
-Known limits: a table removed from the publication and added again later keeps its
-applied LSN, so it is not copied again by itself (its changes in between were never
-published): run ``resync`` for it. A partitioned table published through its root is
-copied in one slice.
+A TABLE THAT LEAVES THE PUBLICATION
+
+    Its changes are no longer sent, so if it is published again (or renamed back) its
+    rows may differ from the mirror's. The periodic check that finds a table gone
+    marks it :data:`COPY_AGAIN_PROPERTY`; published again, it is copied like a table
+    added later (found by the check, or at the next start). A table removed and added
+    back between two checks, or while sparkapply was stopped, is not seen to leave, as
+    PostgreSQL's subscriber sees nothing without a REFRESH PUBLICATION in between:
+    run ``resync`` for it.
+
+Known limit: a partitioned table published through its root is copied in one slice.
 """
 
 from __future__ import annotations
@@ -128,7 +135,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.table import Table
 
 from sparkapply.changes.prepared import PreparedStore
@@ -314,7 +321,7 @@ class TableCopier:
                     *key,
                     ", ".join(sorted(valued)),
                 )
-                mark_copy_again(table, sorted(valued))
+                mark_copy_again(table, f"column(s) {', '.join(sorted(valued))} arrived with values")
                 out.append(key)
         return out
 
@@ -322,13 +329,29 @@ class TableCopier:
         return time.monotonic() - self._last_check >= self.check_interval
 
     def refresh(self) -> None:
-        """The periodic check: copy tables added to the publication since the last one."""
+        """The periodic check: copy tables added to the publication since the last one;
+        mark those that left it, to be copied if they come back (module doc)."""
         self._last_check = time.monotonic()
         with self._connect() as c:
             names = published_tables(c, self.config.source.publication)
-        new = [n for n in names if n not in self._known]
+        published = set(names)
+        for key in [k for k, oid in self._known.items() if oid is not None]:
+            if key not in published:
+                self._left(key)
+        new = [n for n in names if self._known.get(n) is None]
         if new:
             self._check(new, "table added to the publication")
+
+    def _left(self, key: tuple[str, str]) -> None:
+        log.warning(
+            "table %s.%s is no longer published (removed from the publication, renamed or "
+            "dropped): its Iceberg table keeps the rows it has, and is copied again if it "
+            "is published again",
+            *key,
+        )
+        del self._known[key]
+        with contextlib.suppress(NoSuchTableError):  # dropped from the catalog by hand
+            mark_copy_again(self.catalog.load_table(self.target(*key)), "it left the publication")
 
     def _check(self, names: Sequence[tuple[str, str]], reason: str) -> None:
         with self._connect() as c:
@@ -362,8 +385,7 @@ class TableCopier:
                 out.append(t.key)
             elif COPY_AGAIN_PROPERTY in table.properties:
                 log.warning(
-                    "table %s is marked to be copied again (columns %s arrived with values); "
-                    "copying it",
+                    "table %s is marked to be copied again (%s); copying it",
                     t.qualified,
                     table.properties[COPY_AGAIN_PROPERTY],
                 )
@@ -554,7 +576,7 @@ SOURCE_OID_PROPERTY = "sparkapply.source-oid"
 LAST_ATTNUM_PROPERTY = "sparkapply.source-last-attnum"
 """Table property: the highest column number the relation had when it was copied."""
 COPY_AGAIN_PROPERTY = "sparkapply.copy-again"
-"""Table property, while set: the table is to be copied again (the columns why)."""
+"""Table property, while set: the table is to be copied again (the value says why)."""
 
 
 def source_oid(table: Table) -> int | None:
@@ -577,8 +599,8 @@ def record_copied(table: Table, source: SourceTable) -> None:
     )
 
 
-def mark_copy_again(table: Table, columns: Sequence[str]) -> None:
-    _set_properties(table, {COPY_AGAIN_PROPERTY: ", ".join(columns)})
+def mark_copy_again(table: Table, why: str) -> None:
+    _set_properties(table, {COPY_AGAIN_PROPERTY: why})
 
 
 def _set_properties(table: Table, properties: dict[str, str], remove: Sequence[str] = ()) -> None:

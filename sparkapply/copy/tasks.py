@@ -45,6 +45,7 @@ from sparkapply.errors import (
     CopyError,
     SourceError,
     SparkapplyError,
+    TableMovedError,
 )
 
 _COPY_OUT = psycopg.pq.ExecStatus.COPY_OUT
@@ -300,6 +301,13 @@ def _source_error(exc: psycopg.Error, task: SliceTask) -> SparkapplyError:
             table=task.table,
             hint="the replication connection that exported it closed; the copy of the "
             "tables not yet committed starts again with the next session",
+        )
+    if state == "42P01":  # undefined_table: it was there at the snapshot, under that name
+        return TableMovedError(
+            f"the table was renamed or dropped while it was copied: {text}",
+            table=task.table,
+            hint="nothing to do: the next session copies the published tables not yet "
+            "copied, under the names they have then",
         )
     if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith("08")):
         return ConnectionLostError(f"copy connection lost: {text}", table=task.table)

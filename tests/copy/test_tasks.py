@@ -19,7 +19,7 @@ from sparkapply.copy.tasks import (
     run_slice,
     unescape,
 )
-from sparkapply.errors import ConnectionLostError, SourceError
+from sparkapply.errors import ConnectionLostError, ErrorKind, SourceError, TableMovedError
 from sparkapply.source.connection import SESSION_OPTIONS
 
 TEXT = PgColumnType(25, -1)
@@ -214,3 +214,22 @@ def test_slice_sql_error_is_a_source_error(pg_dsn: str, tmp_path: Path) -> None:
     assert isinstance(result.error, SourceError)
     assert result.error.context["table"] == "public.s"
     assert "division by zero" in str(result.error)
+
+
+@pytest.mark.integration
+def test_a_table_renamed_before_its_slice_reads_it_is_a_transient_error(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """The copy names the table as its snapshot saw it; renamed since (name lookups see
+    the catalog of now), the slice cannot find it. The next session copies what is
+    published then, under the names it has then: a retry, not a stop."""
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("CREATE TABLE before_rename (id int PRIMARY KEY)")
+        with psycopg.connect(pg_dsn, autocommit=True) as holder:
+            snapshot = _export(holder)
+            admin.execute("ALTER TABLE before_rename RENAME TO after_rename")
+            query = "COPY (SELECT id FROM ONLY public.before_rename) TO STDOUT"
+            result = run_slice(_task(pg_dsn, snapshot, tmp_path, query))
+    assert isinstance(result.error, TableMovedError), result.error
+    assert result.error.kind is ErrorKind.TRANSIENT
+    assert result.error.context["table"] == "public.s" and not result.files

@@ -243,6 +243,63 @@ def test_tables_added_to_the_publication_are_copied_while_streaming(mirror: Mirr
     assert len(_copy_snapshots(mirror, "public.c")) == 1
 
 
+def test_a_table_that_left_the_publication_is_copied_when_it_comes_back(
+    mirror: Mirror,
+) -> None:
+    """Changes made while a table is out of the publication are never streamed. The
+    periodic check that finds it gone marks it, and published again it is copied again
+    (before, the mirror kept its old rows until a resync). A table renamed and renamed
+    back is the same case: its old name left the publication meanwhile."""
+    mirror.sql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "CREATE TABLE r (id int PRIMARY KEY, v text)",
+        "CREATE TABLE other (id int PRIMARY KEY)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g",
+        "INSERT INTO r SELECT g, 'r' || g FROM generate_series(1, 100) g",
+        "CREATE PUBLICATION pub FOR TABLE t, r, other",
+    )
+    mirror.run()
+    sub = Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog)
+    sub.publication_check_interval = 0.5
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sub.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def marked(table: str) -> bool:
+        return "sparkapply.copy-again" in mirror.catalog.load_table(("public", table)).properties
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        mirror.sql("INSERT INTO other VALUES (1)")
+        wait_until(lambda: sub.summary.transactions >= 1 or bool(errors), "streaming to start")
+        mirror.sql("ALTER PUBLICATION pub DROP TABLE t", "ALTER TABLE r RENAME TO r2")
+        wait_until(lambda: (marked("t") and marked("r")) or bool(errors), "t and r to leave")
+        mirror.sql(
+            "DELETE FROM t WHERE id <= 100",
+            "UPDATE t SET v = 'unpublished' WHERE id % 2 = 0",
+            "UPDATE r2 SET v = 'renamed' WHERE id % 3 = 0",
+            "ALTER PUBLICATION pub ADD TABLE t",
+            "ALTER TABLE r2 RENAME TO r",
+            "INSERT INTO t VALUES (9999, 'published again')",
+            "UPDATE r SET v = 'back' WHERE id <= 10",
+            "INSERT INTO other VALUES (2)",
+        )
+        target = mirror.insert_lsn()
+        wait_until(lambda: sub.summary.flushed >= target or bool(errors), "the stream to catch up")
+        wait_until(lambda: not (marked("t") or marked("r")) or bool(errors), "copies of t, r")
+    finally:
+        sub.stop()
+        thread.join()
+    assert not errors, errors
+    mirror.assert_mirrored("public.t", "public.r", "public.other")
+    assert len(_copy_snapshots(mirror, "public.t")) == 2
+
+
 def test_resync_replaces_a_table_that_drifted(mirror: Mirror, tmp_path: Path) -> None:
     mirror.sql(
         "CREATE TABLE t (id int PRIMARY KEY, v text)",
