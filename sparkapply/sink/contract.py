@@ -75,7 +75,7 @@ from sparkapply.sink.files import LiveFileCache, current_snapshot_id, remove_orp
 from sparkapply.sink.maintenance import expire_and_delete, expire_snapshots
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import evolve_to
-from sparkapply.sink.tables import TableIdentifier, ensure_table
+from sparkapply.sink.tables import TableIdentifier, ensure_table, note_added_to_rows
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -177,7 +177,11 @@ class IcebergSink:
         return TableState(ident, table, applied_lsn(table) or Lsn(0), current_snapshot_id(table))
 
     def evolve_table(self, state: TableState, relation: Relation, *, lsn: Lsn) -> TableState:
+        # Read before: a commit updates the Table object it was made on, in place.
+        held = {f.name for f in state.table.schema().fields}
         table = evolve_to(self.catalog, state.ident, state.table, relation, lsn=lsn)
+        # The stream's own evolution says what it leaves null (a copy's fills them).
+        note_added_to_rows(table, [f.name for f in table.schema().fields if f.name not in held])
         return dataclasses.replace(state, table=table, snapshot_id=current_snapshot_id(table))
 
     def live_files(

@@ -207,11 +207,10 @@ def apply_evolution(
         new_key,
         optional,
     )
-    _note_added_to_rows(table, name, [c for c, _ in new_columns])
     return True
 
 
-def _note_added_to_rows(table: Table, name: str, added: list[str]) -> None:
+def note_added_to_rows(table: Table, added: Sequence[str]) -> None:
     """Columns added to a table with rows read null in those rows. PostgreSQL sends no
     change for them; a column whose older rows may hold values (a default, a column
     newly published) had the table copied again before this (copy/driver.py, COLUMNS
@@ -224,7 +223,7 @@ def _note_added_to_rows(table: Table, name: str, added: list[str]) -> None:
             "Iceberg table %s: column(s) %s added, with no default; its %s existing "
             "rows read null there, as on the publisher. `sparkapply verify` shows any "
             "row that differs; `sparkapply resync` of the table copies them",
-            name,
+            table_name(table),
             ", ".join(added),
             f"{rows:,}",
         )

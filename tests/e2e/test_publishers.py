@@ -550,11 +550,14 @@ def test_columns_added_with_values_copy_the_table_again(
         "ALTER TABLE plain ADD COLUMN note text",
         "UPDATE plain SET note = 'noted' WHERE id <= 5",
     )
-    with caplog.at_level("INFO", logger="sparkapply.copy.driver"):
+    with caplog.at_level("INFO"):
         mirror.run()
     assert "public.mig: column(s) active, born, n arrive with values" in caplog.text
     copies = [r.getMessage() for r in caplog.records if "copy again" in r.getMessage()]
     assert copies and all("public.plain" not in c for c in copies), copies
+    # The note on rows left null is the stream's, not the copy's (which fills them).
+    assert "public.plain: column(s) note added, with no default; its 40" in caplog.text
+    assert "public.mig: column(s) active, born, n added, with no default" not in caplog.text
     _, rows = mirror.iceberg_rows("public.mig")
     assert all(r[2] is True for r in rows if r[0] != 100), "older rows hold the default"
     mirror.assert_mirrored("public.mig", "public.plain")
