@@ -404,6 +404,8 @@ class TableCopier:
                 if copied_oid is None:  # copied before OIDs were recorded
                     record_copied(table, t)
                 self._known[t.key] = t.oid
+                # Its first RELATION, if it adds nothing, costs no second look.
+                self._columns[t.key] = frozenset(f.name for f in table.schema().fields)
         return out
 
     def multidimensional(self, relation_oid: int, names: Sequence[str]) -> set[str]:
