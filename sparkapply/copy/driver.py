@@ -92,24 +92,21 @@ A TABLE DROPPED AND CREATED AGAIN
 
 COLUMNS THAT ARRIVE WITH VALUES
 
-    A RELATION that adds a column says nothing of the rows already in the table, and
-    PostgreSQL replicates no change for them: ``ADD COLUMN c int DEFAULT 0`` (or an
-    identity, a volatile default that rewrites the table, a stored generated column)
-    gives every existing row a value on the publisher, and a column added to the
-    publication's column list brings the values it always had. The stream would
-    leave them null. So when a batch's RELATION adds a column to a table that holds
-    rows, the publisher's catalog is asked whether the rows before it may hold values
-    (:func:`~sparkapply.copy.snapshot.columns_with_earlier_values`): a default, a
-    fast default kept for older rows (``atthasmissing``), an identity or generation
-    expression, or a column number at or below the highest the table had when it was
-    copied (recorded as :data:`LAST_ATTNUM_PROPERTY`: such a column existed then and
-    was not published). If so, the table is copied again before the batch, like a
-    table added later: its rows as of a fresh snapshot, its transactions before it
-    skipped. A plain ``ADD COLUMN`` (no default) is null in every older row on the
-    publisher too, and costs one catalog query. The intent is recorded on the table
-    first (:data:`COPY_AGAIN_PROPERTY`, cleared by the copy's commit), so a kill
-    before the copy commits (after which the column is no longer new) still copies it
-    at the next start.
+    A RELATION that shows a new column says nothing of the rows already in the
+    table, and PostgreSQL replicates no change for them: ``ADD COLUMN c int DEFAULT
+    0`` (or an identity, a volatile default that rewrites the table, a stored
+    generated column) gives every existing row a value on the publisher; a column
+    added to the publication's column list, or renamed, brings the values it always
+    had; a column dropped and added again under its name leaves the mirror with the
+    old one's. The stream would leave them wrong. So every RELATION in a batch is
+    compared with the publisher's catalog (:mod:`sparkapply.copy.columns`, which says
+    when), and a table whose older rows may hold values the mirror lacks is copied
+    again before the batch, like a table added later: its rows as of a fresh
+    snapshot, its transactions before it skipped. A plain ``ADD COLUMN`` (null in the
+    older rows on the publisher too) costs the query, and its column number is
+    recorded. The intent is recorded on the table first (:data:`COPY_AGAIN_PROPERTY`,
+    cleared by the copy's commit), so a kill before the copy commits (after which the
+    column is no longer new) still copies it at the next start.
 
 A TABLE THAT LEAVES THE PUBLICATION
 
@@ -127,6 +124,7 @@ Known limit: a partitioned table published through its root is copied in one sli
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -142,13 +140,20 @@ from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.config import Config
 from sparkapply.convert.schema import iceberg_identifier, iceberg_schema_for, source_identifier
+from sparkapply.copy.columns import (
+    LAST_ATTNUM_PROPERTY,
+    catalog_columns,
+    judge,
+    numbers_property,
+    recorded_last_attnum,
+    recorded_numbers,
+)
 from sparkapply.copy.job import PlannedTable, SliceJob
 from sparkapply.copy.progress import CopyProgress
 from sparkapply.copy.snapshot import (
     DEFAULT_SLICE_BYTES,
     SourceTable,
     begin_at_snapshot,
-    columns_with_earlier_values,
     describe_tables,
     multidimensional_columns,
     published_tables,
@@ -185,6 +190,23 @@ class CopyPoint:
     def stamp(self) -> Lsn:
         """The applied LSN of a table copied at this point: every commit below C."""
         return Lsn(self.lsn - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class _MirroredColumns:
+    """What a table's rows were made from, as its properties record it."""
+
+    numbers: dict[str, int] | None
+    held: frozenset[str]
+    last_attnum: int
+
+    @classmethod
+    def of(cls, table: Table) -> _MirroredColumns:
+        return cls(
+            recorded_numbers(table),
+            frozenset(f.name for f in table.schema().fields),
+            recorded_last_attnum(table),
+        )
 
 
 @dataclass(slots=True)
@@ -231,9 +253,8 @@ class TableCopier:
         # Copied (with the OID copied), or not ours to copy (None: any OID).
         self._known: dict[tuple[str, str], int | None] = {}
         self._recreated: set[tuple[str, str]] = set()  # being copied again: a new OID
-        # Columns a table is known to have (Iceberg's, and its RELATIONs'), so that
-        # only a RELATION with another column costs a look (_columns_with_values).
-        self._columns: dict[tuple[str, str], frozenset[str]] = {}
+        # What a table's rows were made from (copy/columns.py), read once a session.
+        self._columns: dict[tuple[str, str], _MirroredColumns] = {}
         self._last_check = time.monotonic()
 
     def target(self, schema: str, name: str) -> tuple[str, str]:
@@ -292,38 +313,53 @@ class TableCopier:
             self.copy_from_temporary_snapshot(valued, "copy again: columns added with values")
 
     def _columns_with_values(self, batch: Sequence[CommittedTxn]) -> list[tuple[str, str]]:
-        """Tables a RELATION of ``batch`` adds columns to that the publisher's older
-        rows may hold values in (module doc, COLUMNS THAT ARRIVE WITH VALUES); each is
-        marked to be copied again."""
+        """Tables a RELATION of ``batch`` shows columns of whose older rows may hold
+        values the mirror lacks (module doc, COLUMNS THAT ARRIVE WITH VALUES); each is
+        marked to be copied again. A new column with no such values has its number
+        recorded."""
         newest: dict[tuple[str, str], tuple[Relation, Lsn]] = {}
         for txn in batch:
             for rel in txn.relation_messages:
                 newest[source_identifier(rel)] = (rel, txn.commit_lsn)
+        mine = [(k, rel, lsn) for k, (rel, lsn) in newest.items() if self._known.get(k) is not None]
+        if not mine:
+            return []
         out = []
-        for key, (rel, lsn) in newest.items():
-            names = {c.name for c in rel.columns}
-            if self._known.get(key) is None or names <= self._columns.get(key, frozenset()):
-                continue  # not ours, or no column this table has not shown before
-            table = self.catalog.load_table(self.target(*key))
-            held = {f.name for f in table.schema().fields}
-            self._columns[key] = frozenset(names | held)
-            added = sorted(names - held)
-            applied = applied_lsn(table)
-            if not added or applied is None or lsn <= applied or not live_rows(table):
-                continue
-            with self._connect() as c:
-                valued = columns_with_earlier_values(c, rel.relation_id, added, last_attnum(table))
-            if valued:
-                log.warning(
-                    "table %s.%s: column(s) %s arrive with values in rows the stream does "
-                    "not resend (a default, or a column newly published); copying the "
-                    "table again",
-                    *key,
-                    ", ".join(sorted(valued)),
-                )
-                mark_copy_again(table, f"column(s) {', '.join(sorted(valued))} arrived with values")
-                out.append(key)
+        with self._connect() as c:
+            for key, rel, lsn in mine:
+                names = [col.name for col in rel.columns]
+                now = catalog_columns(c, rel.relation_id, names)
+                mirrored = self._mirrored(key)
+                verdict = judge(names, mirrored.numbers, mirrored.held, mirrored.last_attnum, now)
+                if verdict.numbers == mirrored.numbers:
+                    continue
+                table = self.catalog.load_table(self.target(*key))
+                applied = applied_lsn(table)
+                if applied is not None and lsn <= applied:
+                    continue  # a transaction the table holds: its schema is behind
+                if verdict.copy_again and live_rows(table):
+                    log.warning(
+                        "table %s.%s: column(s) %s arrive with values in rows the stream "
+                        "does not resend (a default, a column newly published or renamed, "
+                        "or dropped and added again); copying the table again",
+                        *key,
+                        ", ".join(verdict.copy_again),
+                    )
+                    mark_copy_again(
+                        table, f"column(s) {', '.join(verdict.copy_again)} arrived with values"
+                    )
+                    out.append(key)
+                else:
+                    _set_properties(table, numbers_property(verdict.numbers))
+                    self._columns[key] = dataclasses.replace(mirrored, numbers=verdict.numbers)
         return out
+
+    def _mirrored(self, key: tuple[str, str]) -> _MirroredColumns:
+        known = self._columns.get(key)
+        if known is None:
+            table = self.catalog.load_table(self.target(*key))
+            known = self._columns[key] = _MirroredColumns.of(table)
+        return known
 
     def due(self) -> bool:
         return time.monotonic() - self._last_check >= self.check_interval
@@ -404,8 +440,7 @@ class TableCopier:
                 if copied_oid is None:  # copied before OIDs were recorded
                     record_copied(table, t)
                 self._known[t.key] = t.oid
-                # Its first RELATION, if it adds nothing, costs no second look.
-                self._columns[t.key] = frozenset(f.name for f in table.schema().fields)
+                self._columns[t.key] = _MirroredColumns.of(table)
         return out
 
     def multidimensional(self, relation_oid: int, names: Sequence[str]) -> set[str]:
@@ -575,8 +610,6 @@ class TableCopier:
 
 SOURCE_OID_PROPERTY = "sparkapply.source-oid"
 """Table property: the OID of the PostgreSQL relation the table was copied from."""
-LAST_ATTNUM_PROPERTY = "sparkapply.source-last-attnum"
-"""Table property: the highest column number the relation had when it was copied."""
 COPY_AGAIN_PROPERTY = "sparkapply.copy-again"
 """Table property, while set: the table is to be copied again (the value says why)."""
 
@@ -586,17 +619,15 @@ def source_oid(table: Table) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
 
-def last_attnum(table: Table) -> int:
-    """:data:`LAST_ATTNUM_PROPERTY`, or 0 for a table copied before it was recorded."""
-    text = table.properties.get(LAST_ATTNUM_PROPERTY, "")
-    return int(text) if text.isdigit() else 0
-
-
 def record_copied(table: Table, source: SourceTable) -> None:
     """Record what ``table`` was copied from, and that it needs no copy again."""
     _set_properties(
         table,
-        {SOURCE_OID_PROPERTY: str(source.oid), LAST_ATTNUM_PROPERTY: str(source.last_attnum)},
+        {
+            SOURCE_OID_PROPERTY: str(source.oid),
+            LAST_ATTNUM_PROPERTY: str(source.last_attnum),
+            **numbers_property(dict(source.column_numbers)),
+        },
         remove=(COPY_AGAIN_PROPERTY,),
     )
 

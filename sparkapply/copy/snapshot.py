@@ -60,7 +60,8 @@ ORDER BY 1, 2
 
 _COLUMNS_SQL = """
 SELECT a.attrelid, a.attname, a.atttypid, a.atttypmod,
-       coalesce(a.attnum = ANY(i.indkey::int2[]), false), a.attgenerated <> '', a.attndims
+       coalesce(a.attnum = ANY(i.indkey::int2[]), false), a.attgenerated <> '', a.attndims,
+       a.attnum
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 LEFT JOIN pg_index i ON i.indrelid = a.attrelid
@@ -86,6 +87,7 @@ class SourceTable:
     # pg_class.relnatts: the highest column number the table has ever given, dropped
     # columns included; every column numbered above it was added after this look.
     last_attnum: int = 0
+    column_numbers: tuple[tuple[str, int], ...] = ()  # (name, attnum) of each published
 
     @property
     def qualified(self) -> str:
@@ -156,13 +158,13 @@ def describe_tables(
     if not grouped:
         return []
     oids = [int(rows[0][2]) for rows in grouped.values()]
-    columns: dict[int, list[tuple[str, int, int, bool, bool]]] = {}
+    columns: dict[int, list[tuple[str, int, int, bool, bool, int]]] = {}
     multidimensional: dict[int, set[str]] = {}
-    for relid, attname, typid, typmod, is_key, generated, ndims in conn.execute(
+    for relid, attname, typid, typmod, is_key, generated, ndims, attnum in conn.execute(
         _COLUMNS_SQL, (oids,)
     ).fetchall():
         columns.setdefault(int(relid), []).append(
-            (str(attname), int(typid), int(typmod), bool(is_key), bool(generated))
+            (str(attname), int(typid), int(typmod), bool(is_key), bool(generated), int(attnum))
         )
         if ndims > 1:
             multidimensional.setdefault(int(relid), set()).add(str(attname))
@@ -185,7 +187,7 @@ def describe_tables(
 def _describe(
     key: tuple[str, str],
     rows: list[tuple[Any, ...]],
-    attributes: list[tuple[str, int, int, bool, bool]],
+    attributes: list[tuple[str, int, int, bool, bool, int]],
     block_size: int,
     generated_ok: bool = True,
 ) -> SourceTable:
@@ -205,11 +207,14 @@ def _describe(
     published = set(column_list) if column_list is not None else None
     # Generated columns are published only when the column list names them
     # (PostgreSQL 18: publish_generated_columns = stored, or an explicit list).
+    chosen = [
+        a
+        for a in attributes
+        if (a[0] in published if published is not None else not a[4]) and (generated_ok or not a[4])
+    ]
     cols = tuple(
         RelationColumn(1 if (full or is_key) else 0, attname, typid, typmod)
-        for attname, typid, typmod, is_key, generated in attributes
-        if (attname in published if published is not None else not generated)
-        and (generated_ok or not generated)
+        for attname, typid, typmod, is_key, _, _ in chosen
     )
     return SourceTable(
         schema=schema,
@@ -222,6 +227,7 @@ def _describe(
         block_size=block_size,
         estimated_rows=int(reltuples) if float(reltuples) >= 0 else -1,
         last_attnum=int(last_attnum),
+        column_numbers=tuple((a[0], a[5]) for a in chosen),
     )
 
 
@@ -234,23 +240,6 @@ def multidimensional_columns(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s) "
         "AND attndims > 1 AND NOT attisdropped",
         (relation_oid, list(names)),
-    ).fetchall()
-    return {str(r[0]) for r in rows}
-
-
-def columns_with_earlier_values(
-    conn: psycopg.Connection[Any], relation_oid: int, names: Collection[str], last_attnum: int
-) -> set[str]:
-    """The columns of ``names`` that rows written before they reached the stream may
-    hold values in (see copy/driver.py, COLUMNS THAT ARRIVE WITH VALUES): those with a
-    default, a fast default PostgreSQL keeps for older rows (``atthasmissing``), an
-    identity or a generation expression, and those numbered at or below
-    ``last_attnum``, which the table had when it was copied."""
-    rows = conn.execute(
-        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s) "
-        "AND NOT attisdropped AND (atthasdef OR atthasmissing OR attidentity <> '' "
-        "OR attgenerated <> '' OR attnum <= %s)",
-        (relation_oid, list(names), last_attnum),
     ).fetchall()
     return {str(r[0]) for r in rows}
 

@@ -522,6 +522,16 @@ def test_a_column_added_to_the_column_list(
     mirror.assert_mirrored("public.cl")
 
 
+def _copy_snapshots(mirror: Mirror, table: str) -> list[object]:
+    """The snapshots of ``table`` a copy committed (the initial one, and each again)."""
+    t = mirror.catalog.load_table(tuple(table.split(".")))
+    return [
+        s
+        for s in t.snapshots()
+        if s.summary is not None and "sparkapply.copy-lsn" in s.summary.additional_properties
+    ]
+
+
 def test_columns_added_with_values_copy_the_table_again(
     mirror: Mirror, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
@@ -529,8 +539,10 @@ def test_columns_added_with_values_copy_the_table_again(
     replicates: a fast default it keeps for older rows, a volatile default that
     rewrites the table, an identity. Such a column makes the table be copied again
     before the batch that brings it; a plain ADD COLUMN (null in older rows on the
-    publisher too) does not. A kill after the copy evolved the table, before it
-    committed, still copies it at the next start: the intent is recorded first."""
+    publisher too) does not, nor does a restart. A column renamed, or dropped and
+    added again under its name, is copied too (the mirror's values were another
+    column's). A kill after the copy evolved the table, before it committed, still
+    copies it at the next start: the intent is recorded first."""
     mirror.sql(
         "CREATE TABLE mig (id int PRIMARY KEY, v text)",
         "INSERT INTO mig SELECT g, 'v' || g FROM generate_series(1, 40) g",
@@ -561,6 +573,29 @@ def test_columns_added_with_values_copy_the_table_again(
     _, rows = mirror.iceberg_rows("public.mig")
     assert all(r[2] is True for r in rows if r[0] != 100), "older rows hold the default"
     mirror.assert_mirrored("public.mig", "public.plain")
+
+    # A column renamed, one dropped and added again under its name: the mirror's values
+    # were the old column's (or none). Then a restart with nothing new copies nothing.
+    copied_before = len(_copy_snapshots(mirror, "public.plain"))
+    mirror.sql(
+        "ALTER TABLE plain RENAME COLUMN v TO w",
+        "UPDATE plain SET w = 'renamed' WHERE id = 1",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.plain")
+    mirror.sql(
+        "ALTER TABLE plain DROP COLUMN note",
+        "ALTER TABLE plain ADD COLUMN note text",
+        "UPDATE plain SET note = 'again' WHERE id = 2",
+    )
+    mirror.run()
+    mirror.assert_mirrored("public.plain")
+    assert len(_copy_snapshots(mirror, "public.plain")) == copied_before + 2
+    mirror.sql("UPDATE plain SET w = 'restarted' WHERE id = 3", "UPDATE mig SET v = 'r'")
+    mirror.run()
+    assert len(_copy_snapshots(mirror, "public.plain")) == copied_before + 2
+    assert len(_copy_snapshots(mirror, "public.mig")) == 2
+    mirror.assert_mirrored("public.plain", "public.mig")
 
     mirror.sql(
         "ALTER TABLE later ADD COLUMN flag int DEFAULT 7", "INSERT INTO later VALUES (11, 1)"
