@@ -243,6 +243,18 @@ class Mirror:
             assert a == b, f"{table}: row differs\n  postgres: {a}\n  iceberg:  {b}"
 
 
+def copy_snapshots(mirror: Mirror, table: str) -> list[dict[str, str]]:
+    """The summaries of the snapshots of ``table`` a copy committed (the initial copy,
+    each copy again, each resync)."""
+    ns, name = table.split(".")
+    t = mirror.catalog.load_table((ns, name))
+    return [
+        dict(s.summary.additional_properties)
+        for s in t.snapshots()
+        if s.summary is not None and "sparkapply.copy-lsn" in s.summary.additional_properties
+    ]
+
+
 def cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:

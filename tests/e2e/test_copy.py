@@ -19,7 +19,7 @@ from sparkapply.errors import PublicationError, SlotError
 from sparkapply.lsn import Lsn
 from sparkapply.run.subscriber import Subscriber
 from sparkapply.sink.catalog import open_catalog
-from tests.mirror import Mirror, normalize, wait_until
+from tests.mirror import Mirror, Running, copy_snapshots, normalize, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,16 +37,6 @@ def _assert_equals_query(mirror: Mirror, table: str, query: str) -> None:
     assert pg == ice
 
 
-def _copy_snapshots(mirror: Mirror, table: str) -> list[dict[str, str]]:
-    ns, name = table.split(".")
-    t = mirror.catalog.load_table((ns, name))
-    return [
-        dict(s.summary.additional_properties)
-        for s in t.snapshots()
-        if s.summary is not None and "sparkapply.copy-lsn" in s.summary.additional_properties
-    ]
-
-
 def test_existing_rows_are_copied_then_streamed(mirror: Mirror) -> None:
     mirror.sql(
         "CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(10,2), b bytea, tags text[])",
@@ -59,10 +49,10 @@ def test_existing_rows_are_copied_then_streamed(mirror: Mirror) -> None:
     mirror.run()
     mirror.assert_mirrored("public.t", "public.empty")
     # One copy snapshot per table, stamped just below the slot's consistent point.
-    (copy,) = _copy_snapshots(mirror, "public.t")
+    (copy,) = copy_snapshots(mirror, "public.t")
     assert Lsn.parse(copy["sparkapply.lsn"]) == Lsn.parse(copy["sparkapply.copy-lsn"]) - 1
     assert copy["sparkapply.copy-rows"] == "5002"
-    assert len(_copy_snapshots(mirror, "public.empty")) == 1
+    assert len(copy_snapshots(mirror, "public.empty")) == 1
     mirror.sql(
         "UPDATE t SET v = 'changed' WHERE id % 10 = 0",
         "DELETE FROM t WHERE id % 7 = 0",
@@ -70,7 +60,7 @@ def test_existing_rows_are_copied_then_streamed(mirror: Mirror) -> None:
     )
     mirror.run()
     mirror.assert_mirrored("public.t", "public.empty")
-    assert len(_copy_snapshots(mirror, "public.t")) == 1  # not copied again
+    assert len(copy_snapshots(mirror, "public.t")) == 1  # not copied again
 
 
 @pytest.mark.slow
@@ -239,8 +229,8 @@ def test_tables_added_to_the_publication_are_copied_while_streaming(mirror: Mirr
         thread.join()
     assert not errors, errors
     mirror.assert_mirrored("public.a", "public.b", "public.c")
-    assert len(_copy_snapshots(mirror, "public.b")) == 1
-    assert len(_copy_snapshots(mirror, "public.c")) == 1
+    assert len(copy_snapshots(mirror, "public.b")) == 1
+    assert len(copy_snapshots(mirror, "public.c")) == 1
 
 
 def test_a_table_that_left_the_publication_is_copied_when_it_comes_back(
@@ -261,24 +251,18 @@ def test_a_table_that_left_the_publication_is_copied_when_it_comes_back(
     mirror.run()
     sub = Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog)
     sub.publication_check_interval = 0.5
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            sub.run()
-        except BaseException as exc:
-            errors.append(exc)
 
     def marked(table: str) -> bool:
         return "sparkapply.copy-again" in mirror.catalog.load_table(("public", table)).properties
 
-    thread = threading.Thread(target=run)
-    thread.start()
+    running = Running(sub)
     try:
         mirror.sql("INSERT INTO other VALUES (1)")
-        wait_until(lambda: sub.summary.transactions >= 1 or bool(errors), "streaming to start")
+        wait_until(lambda: sub.summary.transactions >= 1 or bool(running.errors), "streaming")
         mirror.sql("ALTER PUBLICATION pub DROP TABLE t", "ALTER TABLE r RENAME TO r2")
-        wait_until(lambda: (marked("t") and marked("r")) or bool(errors), "t and r to leave")
+        wait_until(
+            lambda: (marked("t") and marked("r")) or bool(running.errors), "t and r to leave"
+        )
         mirror.sql(
             "DELETE FROM t WHERE id <= 100",
             "UPDATE t SET v = 'unpublished' WHERE id % 2 = 0",
@@ -289,15 +273,14 @@ def test_a_table_that_left_the_publication_is_copied_when_it_comes_back(
             "UPDATE r SET v = 'back' WHERE id <= 10",
             "INSERT INTO other VALUES (2)",
         )
-        target = mirror.insert_lsn()
-        wait_until(lambda: sub.summary.flushed >= target or bool(errors), "the stream to catch up")
-        wait_until(lambda: not (marked("t") or marked("r")) or bool(errors), "copies of t, r")
+        running.wait_flushed(mirror.insert_lsn())
+        wait_until(
+            lambda: not (marked("t") or marked("r")) or bool(running.errors), "copies of t, r"
+        )
     finally:
-        sub.stop()
-        thread.join()
-    assert not errors, errors
+        running.stop()
     mirror.assert_mirrored("public.t", "public.r", "public.other")
-    assert len(_copy_snapshots(mirror, "public.t")) == 2
+    assert len(copy_snapshots(mirror, "public.t")) == 2
 
 
 def test_resync_replaces_a_table_that_drifted(mirror: Mirror, tmp_path: Path) -> None:
@@ -343,7 +326,7 @@ def test_resync_command_and_its_refusals(mirror: Mirror, tmp_path: Path) -> None
     assert cli_main(["resync", "--config", str(cfg), "--table", "t"]) == 2  # not schema.table
     assert cli_main(["resync", "--config", str(cfg), "--table", "public.missing"]) == 2
     assert cli_main(["resync", "--config", str(cfg), "--table", "public.t"]) == 0
-    assert len(_copy_snapshots(mirror, "public.t")) == 2
+    assert len(copy_snapshots(mirror, "public.t")) == 2
     mirror.assert_mirrored("public.t")
     # Refused while the slot is in use (a running subscriber).
     with _slot_in_use(mirror), pytest.raises(SlotError, match="in use"):
@@ -411,7 +394,7 @@ def test_kill_during_the_copy_and_restart(mirror: Mirror, tmp_path: Path, failpo
     mirror.assert_mirrored("public.a", "public.b", "public.c")
     points = {}
     for table in ("public.a", "public.b", "public.c"):
-        (copy,) = _copy_snapshots(mirror, table)  # each table copied exactly once
+        (copy,) = copy_snapshots(mirror, table)  # each table copied exactly once
         points[table] = Lsn.parse(copy["sparkapply.copy-lsn"])
     committed_before_kill = {
         "copy-after-table-commit": ["public.a"],

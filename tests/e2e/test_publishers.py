@@ -19,7 +19,7 @@ import pytest
 from sparkapply.run.subscriber import Subscriber
 from sparkapply.verify.command import VerifyReport, run_verify
 from tests.conftest import PgServer
-from tests.mirror import Mirror, Running
+from tests.mirror import Mirror, Running, copy_snapshots
 
 pytestmark = pytest.mark.integration
 
@@ -522,16 +522,6 @@ def test_a_column_added_to_the_column_list(
     mirror.assert_mirrored("public.cl")
 
 
-def _copy_snapshots(mirror: Mirror, table: str) -> list[object]:
-    """The snapshots of ``table`` a copy committed (the initial one, and each again)."""
-    t = mirror.catalog.load_table(tuple(table.split(".")))
-    return [
-        s
-        for s in t.snapshots()
-        if s.summary is not None and "sparkapply.copy-lsn" in s.summary.additional_properties
-    ]
-
-
 def test_columns_added_with_values_copy_the_table_again(
     mirror: Mirror, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
@@ -576,7 +566,7 @@ def test_columns_added_with_values_copy_the_table_again(
 
     # A column renamed, one dropped and added again under its name: the mirror's values
     # were the old column's (or none). Then a restart with nothing new copies nothing.
-    copied_before = len(_copy_snapshots(mirror, "public.plain"))
+    copied_before = len(copy_snapshots(mirror, "public.plain"))
     mirror.sql(
         "ALTER TABLE plain RENAME COLUMN v TO w",
         "UPDATE plain SET w = 'renamed' WHERE id = 1",
@@ -590,11 +580,11 @@ def test_columns_added_with_values_copy_the_table_again(
     )
     mirror.run()
     mirror.assert_mirrored("public.plain")
-    assert len(_copy_snapshots(mirror, "public.plain")) == copied_before + 2
+    assert len(copy_snapshots(mirror, "public.plain")) == copied_before + 2
     mirror.sql("UPDATE plain SET w = 'restarted' WHERE id = 3", "UPDATE mig SET v = 'r'")
     mirror.run()
-    assert len(_copy_snapshots(mirror, "public.plain")) == copied_before + 2
-    assert len(_copy_snapshots(mirror, "public.mig")) == 2
+    assert len(copy_snapshots(mirror, "public.plain")) == copied_before + 2
+    assert len(copy_snapshots(mirror, "public.mig")) == 2
     mirror.assert_mirrored("public.plain", "public.mig")
 
     mirror.sql(
