@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from sparkapply.errors import SparkapplyError
 from sparkapply.sink.maintenance import list_files, unreferenced
-from sparkapply.staging.records import delete_files, read_journal, waiting_files
-from sparkapply.state.layout import is_journal_entry, staging_dir
+from sparkapply.staging.records import delete_files, journalled, waiting_files
+from sparkapply.state.layout import staging_dir
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -32,16 +32,13 @@ def sweep_staged(work_dir: Path, catalog: Catalog) -> int:
     if not root.is_dir():
         return 0
     kept = waiting_files(work_dir)  # staged for prepared transactions
+    entries, tables = journalled(root)
     by_table: dict[str, list[str]] = {}
-    entries = sorted(root.iterdir())
-    for entry in entries:
-        if not is_journal_entry(entry):
-            continue  # a journal entry half written: its piece had not started
+    for name, data_dir, prefix in tables:
         try:
-            for name, data_dir, prefix in read_journal(entry):
-                by_table.setdefault(name, []).extend(_named(data_dir, prefix))
-        except (OSError, ValueError, KeyError, SparkapplyError) as exc:
-            log.warning("cannot read the staging journal %s: %s", entry, exc)
+            by_table.setdefault(name, []).extend(_named(data_dir, prefix))
+        except SparkapplyError as exc:  # the orphan sweep removes them later
+            log.warning("cannot list the staged files of %s: %s", name, exc)
     deleted = 0
     for name, files in by_table.items():
         namespace, _, table_name = name.rpartition(".")

@@ -62,6 +62,25 @@ def forget_journal(result: StageResult) -> None:
         result.journal = None
 
 
+def journalled(root: Path) -> tuple[list[Path], list[tuple[str, str, str]]]:
+    """The journal under ``root``: every entry (to remove), and (table, data
+    directory, file-name prefix) of each table the complete ones name. An entry half
+    written (its piece had not started) is skipped; one gone meanwhile (its piece's
+    files committed, deleted or recorded) too; one unreadable is logged."""
+    entries = sorted(root.iterdir()) if root.is_dir() else []
+    tables: list[tuple[str, str, str]] = []
+    for entry in entries:
+        if not is_journal_entry(entry):
+            continue
+        try:
+            tables.extend(read_journal(entry))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("cannot read the staging journal %s: %s", entry, exc)
+    return entries, tables
+
+
 def read_journal(entry: Path) -> Iterator[tuple[str, str, str]]:
     """(table, data directory, file-name prefix) of each table a journal entry names;
     OSError, ValueError or KeyError when it cannot be read."""
@@ -141,17 +160,8 @@ def kept_by_staging(work_dir: Path) -> set[str]:
     will reference however long it is in coming. The journal is emptied at start,
     so these are the live session's pieces (or a killed one's, until the next
     start sweeps them)."""
-    kept = waiting_files(work_dir)
-    root = staging_dir(work_dir)
-    entries = sorted(root.iterdir()) if root.is_dir() else []
-    for entry in entries:
-        if not is_journal_entry(entry):
-            continue
-        try:
-            kept.update(location.join(d, prefix) for _, d, prefix in read_journal(entry))
-        except (OSError, ValueError, KeyError) as exc:  # gone meanwhile: committed
-            log.debug("staging journal %s not read: %s", entry, exc)
-    return kept
+    _, tables = journalled(staging_dir(work_dir))
+    return waiting_files(work_dir) | {location.join(d, prefix) for _, d, prefix in tables}
 
 
 def delete_files(uris: Sequence[str]) -> None:
