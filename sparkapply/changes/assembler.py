@@ -14,10 +14,12 @@ RELATION CACHE
     executor) that describes every change it holds.
 
 THE RECEIVE LOOP
-    :meth:`Assembler.feed_frames` bounds how fast a large transaction is received, so
-    it reads BEGIN, COMMIT and change headers inline (layouts in ``pgoutput/peek.py``)
-    and spools a run of changes as one write, with no call per message; everything
-    else goes through :meth:`Assembler.feed`, which decodes and also raises the errors.
+    :meth:`Assembler.feed_frames` bounds how fast a transaction is received, so it
+    reads BEGIN, COMMIT and change headers inline (layouts in ``pgoutput/peek.py``)
+    and spools a run of changes as one write, with no call per message. Small
+    transactions received whole in one burst take one pass each, and the burst's
+    runs of them one write (``_whole_txns``). Everything else goes through
+    :meth:`Assembler.feed`, which decodes and also raises the errors.
 
 Change messages (I/U/D) are only peeked here (xid and relation id); their tuples are
 decoded on executors. Streamed transactions are kept in ``streamed.py``, two-phase ones
@@ -36,7 +38,7 @@ from sparkapply.changes.catalog_history import without_xid
 from sparkapply.changes.open_txn import OpenTxn
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.progress import Progress
-from sparkapply.changes.spool import RECORD_OVERHEAD, SpoolDirectory
+from sparkapply.changes.spool import RECORD_OVERHEAD, SpoolDirectory, SpoolSegment
 from sparkapply.changes.staged import StreamStager
 from sparkapply.changes.streamed import StreamedTxns, offer_piece
 from sparkapply.changes.transaction import CommittedTxn, TxnKind
@@ -89,6 +91,9 @@ class Assembler:
         self.streams = StreamedTxns(self.spool)
         self._stream_xid: int | None = None  # the open chunk's xid (Stream Start)
         self.last_lsn = 0  # start of the last XLogData fed (for error context)
+        # The relation cache entries of each set of relations whole transactions
+        # touched (``_whole_txns``), shared by those transactions: read-only mappings.
+        self._start_relations: dict[frozenset[int], dict[int, m.Relation]] = {}
 
     # -- state for the subscriber -----------------------------------------------------
 
@@ -165,12 +170,108 @@ class Assembler:
             return
         i, n = 0, len(frames)
         while i < n:
+            i = self._whole_txns(frames, i, header)
             i = self._change_run(frames, i, header)
             if i < n:
                 frame = frames[i]
                 if not self._begin_or_commit(frame, header):
                     self.feed(frame[header:], XLOG_WAL_START.unpack_from(frame, 1)[0])
                 i += 1
+
+    def _whole_txns(self, frames: Sequence[memoryview], i: int, header: int) -> int:
+        """Spool the ordinary transactions received whole from ``frames[i]`` on (BEGIN,
+        changes to relations already described, COMMIT, and nothing else), in one
+        write; returns the index of the first frame it did not take.
+
+        Under a load of small transactions (pgbench, one-row updates) this is most of
+        the stream, and the path per message cost several calls and objects per
+        transaction: here one transaction costs one pass over its frames and its
+        :class:`CommittedTxn`. Anything else stops the run and takes the general path
+        from its BEGIN: a transaction not whole in this burst, a RELATION, TYPE,
+        TRUNCATE, ORIGIN or MESSAGE inside it, a relation not yet described, a
+        message of an unexpected size (which :meth:`feed` reports).
+        """
+        if self._current is not None or self._stream_xid is not None:
+            return i
+        n = len(frames)
+        begin_size = header + peek.BEGIN_SIZE
+        commit_size = header + peek.COMMIT_SIZE
+        change_size = header + peek.CHANGE_HEAD
+        relations = self.relations
+        known = self._start_relations
+        single = peek.U32.unpack_from
+        commit = peek.COMMIT.unpack_from
+        changes = CHANGE_TAGS
+        insert, begin, end = TAG_INSERT, TAG_BEGIN, TAG_COMMIT
+        writer = None
+        path = ""
+        pos = first = 0
+        payloads: list[memoryview] = []
+        taken: list[CommittedTxn] = []
+        while i < n:
+            frame = frames[i]
+            if len(frame) != begin_size or frame[header] != begin:
+                break
+            if writer is None:
+                writer = self.spool.shared()
+                path = str(writer.path)
+                pos = first = writer.offset
+            start, mark = pos, len(payloads)
+            j = i + 1
+            touched: list[int] = []
+            mutated: list[int] = []
+            whole = False
+            while j < n:
+                frame = frames[j]
+                size = len(frame)
+                if size >= change_size and frame[header] in changes:
+                    relid = single(frame, header + 1)[0]
+                    if relid not in relations:
+                        break
+                    touched.append(relid)
+                    if frame[header] != insert:
+                        mutated.append(relid)
+                    payloads.append(frame[header:])
+                    pos += size - header + RECORD_OVERHEAD
+                    j += 1
+                    continue
+                whole = size == commit_size and frame[header] == end and not frame[header + 1]
+                break
+            if not whole:
+                del payloads[mark:]
+                pos = start
+                break
+            relids = frozenset(touched)
+            described = known.get(relids)
+            if described is None or any(relations[r] is not v for r, v in described.items()):
+                described = known[relids] = {r: relations[r] for r in relids}
+            _, commit_lsn, end_lsn, commit_time = commit(frames[j], header + 1)
+            xid = single(frames[i], header + peek.BEGIN_XID_AT)[0]
+            taken.append(
+                CommittedTxn(
+                    xid=xid,
+                    commit_lsn=Lsn(commit_lsn),
+                    end_lsn=Lsn(end_lsn),
+                    commit_time=commit_time,
+                    kind="commit",
+                    segments=(SpoolSegment(path, start, pos),) if pos > start else (),
+                    relation_ids=relids,
+                    relations=described,
+                    relation_messages=(),
+                    n_changes=j - i - 1,
+                    mutated_relation_ids=frozenset(mutated),
+                    cleanup=(path,),
+                )
+            )
+            i = j + 1
+        if taken:
+            assert writer is not None
+            writer.extend(payloads, False)
+            self.spool.hold(path, len(taken))
+            items = self.progress.add_many([t.end_lsn for t in taken])
+            self.ready.extend(zip(taken, items, strict=True))
+            self.ready_bytes += pos - first  # the transactions' segments tile it
+        return i
 
     def _begin_or_commit(self, frame: memoryview, header: int) -> bool:
         """BEGIN and COMMIT of an ordinary transaction, read inline (20,000 one-row

@@ -27,6 +27,13 @@ class Progress:
             self._advance()
         return item
 
+    def add_many(self, end_lsns: list[Lsn]) -> list[list[int]]:
+        """:meth:`add` of each, not yet done, in order (a burst of small transactions)."""
+        items = [[int(end), 0] for end in end_lsns]
+        with self._lock:
+            self._items.extend(items)
+        return items
+
     def mark_done(self, items: list[list[int]]) -> None:
         with self._lock:
             for item in items:

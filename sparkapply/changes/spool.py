@@ -206,9 +206,9 @@ class SpoolDirectory:
         writer.close()
         remove_spool_file(writer.path)
 
-    def hold(self, path: str) -> None:
-        """A committed transaction references ``path`` until :meth:`release`."""
-        self._refs[path] = self._refs.get(path, 0) + 1
+    def hold(self, path: str, transactions: int = 1) -> None:
+        """Committed transactions reference ``path``, each until its :meth:`release`."""
+        self._refs[path] = self._refs.get(path, 0) + transactions
 
     def release(self, path: str) -> None:
         """A transaction that referenced ``path`` is durable; the file is deleted with

@@ -5,13 +5,15 @@ CONTRACT
     The receiving thread owns the scheduler and calls it once per loop turn, after
     feeding a receive burst to the assembler:
 
-    ``received(got_frames)``
-        notes when the oldest waiting transaction became ready.
+    ``received(got_frames, caught_up)``
+        notes when the oldest waiting transaction became ready, and whether the
+        stream paused: the burst was empty, or the walsender said it has sent all
+        there is (``caught_up``, see :mod:`sparkapply.source.stream`).
     ``cut(now)`` → :class:`Batch` or None
         a batch to apply now. At most one batch runs: None while one does, and after
-        :meth:`stop`. A batch closes when the stream paused (the last burst was
-        empty), when it is full (``batch_max_bytes`` / ``batch_max_transactions``),
-        when its oldest transaction has waited ``batch_linger``, or when its oldest
+        :meth:`stop`. A batch closes when the stream paused, when it is full
+        (``batch_max_bytes`` / ``batch_max_transactions``), when its oldest
+        transaction has waited ``batch_linger``, or when its oldest
         transaction was ready before the last batch completed: while a batch runs,
         the next gathers (group commit), so under a steady load a batch is cut as
         soon as the one before it is durable, not a linger later. While a backlog
@@ -108,8 +110,8 @@ class BatchScheduler:
     def running(self) -> Batch | None:
         return self._running
 
-    def received(self, got_frames: bool) -> None:
-        self._paused = not got_frames
+    def received(self, got_frames: bool, caught_up: bool = False) -> None:
+        self._paused = not got_frames or caught_up
         if self._ready_since is None and self._assembler.backlog().transactions:
             self._ready_since = self._clock()
 

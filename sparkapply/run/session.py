@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sparkapply import collector
 from sparkapply.apply.tasks import internal_error
 from sparkapply.changes.assembler import Assembler
 from sparkapply.changes.cut_requests import CutRequests
@@ -123,6 +124,7 @@ def streaming(
             cut_requests=CutRequests(work) if cuts is not None else None,
         )
         stream = ReplicationStream(conn, status_interval=cfg.source.status_interval)
+        collector.settle()
         started = time.monotonic()
         stream.start(
             start_replication_command(

@@ -258,7 +258,7 @@ class Subscriber:
             session.assembler.feed_frames(frames, XLOG_DATA_HEADER.size)
             got = bool(frames)
             del frames  # freed before the collector may look at them
-        session.scheduler.received(got)
+        session.scheduler.received(got, session.stream.caught_up)
 
     def _completed(self, session: Session, running: Future[tuple[BatchStats, float]]) -> None:
         """The apply thread finished a batch: it is done in the progress (acknowledged

@@ -56,6 +56,19 @@ class ReplicationStream:
         self._reported = Lsn(0)
         self._reported_write = Lsn(0)
         self._next_read = 0.0  # monotonic time before which a read waits (BURST_PACE)
+        # The walsender said it has sent what there was (see ``caught_up`` below).
+        self._idle_after = -1  # XLogData frames before its keepalive in this burst
+        self.caught_up = False
+
+    # ``caught_up``: the last thing received was a keepalive the walsender sent
+    # unasked. It sends one whenever its decoding reaches the end of the WAL that was
+    # flushed when it last looked (WalSndWaitForWal), before it looks again and
+    # either goes on or waits: at the end of a backlog, and at times inside one
+    # (a backlog that grows while it is sent). XLogData since clears it. The batch
+    # scheduler reads it as a pause: without it, the end of a backlog was known only
+    # when a read found nothing, up to 50 ms later. A keepalive that asks for a
+    # reply is the walsender's timeout, sent whether or not data waits. Read wrong,
+    # a batch is cut sooner than it would be; nothing else depends on it.
 
     @property
     def flush_lsn(self) -> Lsn:
@@ -92,13 +105,18 @@ class ReplicationStream:
         self._next_read = began + BURST_PACE if 0 < len(raws) < limit else 0.0
         out: list[memoryview] = []
         size = XLOG_DATA_HEADER.size
+        self._idle_after = -1
         for raw in raws:
             if len(raw) >= size and raw[0] == XLOG_DATA_TAG:
                 out.append(raw)
             else:
                 self._note_received(out)
-                self._frame(raw)
+                self._frame(raw, len(out))
         self._note_received(out)
+        if self._idle_after == len(out):
+            self.caught_up = True
+        elif out:
+            self.caught_up = False
         return out
 
     def _note_received(self, frames: list[memoryview]) -> None:
@@ -107,7 +125,8 @@ class ReplicationStream:
             if wal_end > self.last_received:
                 self.last_received = Lsn(wal_end)
 
-    def _frame(self, raw: memoryview) -> None:
+    def _frame(self, raw: memoryview, after: int) -> None:
+        """A frame other than XLogData, the burst's ``after``-th XLogData before it."""
         try:
             frame = parse_copy_data(raw)
         except ProtocolError as exc:
@@ -117,6 +136,8 @@ class ReplicationStream:
                 self.last_received = Lsn(frame.wal_end)
             if frame.reply_requested:
                 self.send_status()
+            else:
+                self._idle_after = after
         else:  # an XLogData too short for its header: parse_copy_data said so
             raise ProtocolError("XLogData message shorter than its header", tag="w")
 

@@ -147,6 +147,15 @@ def test_progress_waits_for_the_oldest_pending(tmp_path: Path) -> None:
 # -- the burst path: feed_frames must be feed of each frame, exactly ----------------------
 
 REL2 = m.Relation(None, 200, "public", "u", "d", (m.RelationColumn(1, "k", 23, -1),))
+# REL2 after an ALTER TABLE: transactions before it and after it are described apart.
+REL2B = m.Relation(
+    None,
+    200,
+    "public",
+    "u",
+    "d",
+    (m.RelationColumn(1, "k", 23, -1), m.RelationColumn(0, "v", 25, -1)),
+)
 
 
 def _random_messages(rnd: random.Random) -> list[m.Message]:
@@ -163,7 +172,7 @@ def _random_messages(rnd: random.Random) -> list[m.Message]:
         if choice < 0.35 or len(streams) >= 3:
             out.append(m.Begin(lsn, 0, next_xid))
             if rnd.random() < 0.3:
-                out.append(REL2)
+                out.append(rnd.choice((REL2, REL2B)))
             for _ in range(rnd.randint(0, 8)):
                 relid = rnd.choice((100, 200))
                 kind = rnd.random()
@@ -221,13 +230,31 @@ def _frames(msgs: list[m.Message]) -> list[tuple[int, memoryview]]:
 
 
 def _state(f: Feed) -> list[tuple[object, ...]]:
+    backlog = f.asm.backlog()
+    pending = f.progress.pending
     txns = f.take()
     spooled = [[(bytes(p), s) for seg in t.segments for p, s in read_records(seg)] for t in txns]
     fields = [
-        (t.xid, t.kind, t.n_changes, t.relation_ids, t.mutated_relation_ids, t.has_truncate)
+        (
+            t.xid,
+            t.kind,
+            (t.commit_lsn, t.end_lsn, t.commit_time),
+            t.n_changes,
+            t.nbytes,
+            t.relation_ids,
+            t.mutated_relation_ids,
+            t.has_truncate,
+            dict(t.relations),
+            t.relation_messages,
+            tuple(Path(c).name for c in t.cleanup),
+        )
         for t in txns
     ]
-    return [*zip(fields, spooled, strict=True), ("open", f.asm.open_streams)]
+    assert backlog.nbytes == sum(t.nbytes for t in txns)
+    return [
+        *zip(fields, spooled, strict=True),
+        ("open", f.asm.open_streams, backlog.transactions, pending),
+    ]
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -93,6 +93,17 @@ def test_a_pause_in_the_stream_cuts_at_once(tmp_path: Path) -> None:
     assert batch is not None and len(batch) == 1
 
 
+def test_a_walsender_that_sent_everything_cuts_at_once(tmp_path: Path) -> None:
+    # The burst brought frames, and the walsender's unasked keepalive after them said
+    # it has nothing more: the end of a backlog, as good as a pause.
+    f, sched, _ = make(tmp_path, linger=60.0)
+    txn(f, 1, 2000, 1, first=True)
+    sched.received(True, caught_up=False)
+    assert sched.cut() is None
+    sched.received(True, caught_up=True)
+    assert xids(sched.cut()) == [1]
+
+
 def test_a_full_batch_cuts_and_one_batch_runs_at_a_time(tmp_path: Path) -> None:
     f, sched, _ = make(tmp_path, linger=60.0, max_txns=2)
     txn(f, 1, 2000, 1, first=True)

@@ -72,6 +72,32 @@ def test_a_trickle_of_small_transactions_arrives_whole_and_in_order(pg_dsn: str)
     assert min(bursts) < BURST_LINGER_BELOW  # the lingering path was taken
 
 
+def test_the_stream_says_when_the_walsender_has_sent_what_there_is(pg_dsn: str) -> None:
+    # After the last commit the walsender waits for WAL, and says so with a keepalive
+    # it was not asked for: the stream is caught up without a read that finds
+    # nothing (what the batch scheduler takes for the end of a backlog).
+    inserts = [f"INSERT INTO t VALUES ({i})" for i in range(TXNS)]
+    with _stream_of(pg_dsn, *inserts) as stream:
+        deadline = time.monotonic() + 60
+        assert not stream.caught_up
+        assert _caught_up_after(stream, TXNS, deadline) == TXNS
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO t VALUES (-1)")
+        assert _caught_up_after(stream, 1, deadline) == 1
+
+
+def _caught_up_after(stream: ReplicationStream, commits: int, deadline: float) -> int:
+    """Read until ``commits`` commits came and the stream is caught up; the commits
+    received by then."""
+    seen = 0
+    while time.monotonic() < deadline:
+        frames = stream.poll_burst(0.2)
+        seen += sum(1 for f in frames if f[XLOG_DATA_HEADER.size] == ord("C"))
+        if seen >= commits and stream.caught_up:
+            return seen
+    raise AssertionError(f"not caught up after {seen} commits")
+
+
 def test_reads_of_a_flowing_stream_are_paced_and_lose_nothing(pg_dsn: str) -> None:
     # One 20,000-row transaction: data keeps flowing, so each read that took a burst
     # (short of the limit) is followed by the next no sooner than BURST_PACE after it
