@@ -55,6 +55,8 @@ from sparkapply.state import layout
 
 log = logging.getLogger(__name__)
 
+RelationMap = dict[int, m.Relation]
+
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
@@ -91,9 +93,12 @@ class Assembler:
         self.streams = StreamedTxns(self.spool)
         self._stream_xid: int | None = None  # the open chunk's xid (Stream Start)
         self.last_lsn = 0  # start of the last XLogData fed (for error context)
-        # The relation cache entries of each set of relations whole transactions
-        # touched (``_whole_txns``), shared by those transactions: read-only mappings.
-        self._start_relations: dict[frozenset[int], dict[int, m.Relation]] = {}
+        # Shared by the transactions received whole (``_whole_txns``), so that the
+        # planner does the work of a set of relations once, not per transaction: each
+        # set of relation ids, as one object, with the cache entries of those
+        # relations (a read-only mapping, replaced when an entry changes).
+        self._start_relations: dict[frozenset[int], tuple[frozenset[int], RelationMap]] = {}
+        self._id_sets: dict[frozenset[int], frozenset[int]] = {}
 
     # -- state for the subscriber -----------------------------------------------------
 
@@ -198,7 +203,7 @@ class Assembler:
         commit_size = header + peek.COMMIT_SIZE
         change_size = header + peek.CHANGE_HEAD
         relations = self.relations
-        known = self._start_relations
+        known, id_sets = self._start_relations, self._id_sets
         single = peek.U32.unpack_from
         commit = peek.COMMIT.unpack_from
         changes = CHANGE_TAGS
@@ -242,9 +247,13 @@ class Assembler:
                 pos = start
                 break
             relids = frozenset(touched)
-            described = known.get(relids)
-            if described is None or any(relations[r] is not v for r, v in described.items()):
-                described = known[relids] = {r: relations[r] for r in relids}
+            entry = known.get(relids)
+            if entry is None or any(relations[r] is not v for r, v in entry[1].items()):
+                relids = entry[0] if entry is not None else relids
+                entry = known[relids] = (relids, {r: relations[r] for r in relids})
+            relids, described = entry
+            changed = frozenset(mutated)
+            changed = id_sets.setdefault(changed, changed)
             _, commit_lsn, end_lsn, commit_time = commit(frames[j], header + 1)
             xid = single(frames[i], header + peek.BEGIN_XID_AT)[0]
             taken.append(
@@ -259,7 +268,7 @@ class Assembler:
                     relations=described,
                     relation_messages=(),
                     n_changes=j - i - 1,
-                    mutated_relation_ids=frozenset(mutated),
+                    mutated_relation_ids=changed,
                     cleanup=(path,),
                 )
             )

@@ -137,7 +137,7 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.table import Table
 
 from sparkapply.changes.prepared import PreparedStore
-from sparkapply.changes.transaction import CommittedTxn
+from sparkapply.changes.transaction import CommittedTxn, relations_named
 from sparkapply.config import Config
 from sparkapply.convert.schema import iceberg_identifier, iceberg_schema_for, source_identifier
 from sparkapply.copy.columns import (
@@ -301,11 +301,10 @@ class TableCopier:
     def before_batch(self, batch: Sequence[CommittedTxn]) -> None:
         """Copy the tables a batch touches that have never been copied."""
         seen: set[tuple[str, str]] = set()
-        for txn in batch:
-            for rel in [*txn.relations.values(), *txn.relation_messages]:
-                key = source_identifier(rel)
-                if key not in self._known or self._known[key] not in (None, rel.relation_id):
-                    seen.add(key)
+        for rel in relations_named(batch):
+            key = source_identifier(rel)
+            if key not in self._known or self._known[key] not in (None, rel.relation_id):
+                seen.add(key)
         if seen:
             self._check(sorted(seen), "first change of the table in the stream")
         valued = self._columns_with_values(batch)

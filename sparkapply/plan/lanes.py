@@ -23,12 +23,14 @@ def lanes(
     """Per table, the ordinals of the transactions that touch it, in commit order.
     (The graph of 20,000 one-row transactions cost the driver about 0.3 s a batch.)"""
     out: dict[str, list[int]] = {}
+    # The lanes of each set of relation ids (transactions received whole share the
+    # set's object, so most lookups compare no elements).
+    known: dict[frozenset[int], list[list[int]]] = {}
     for ordinal, txn in enumerate(txns):
-        if len(txn.relation_ids) == 1:
-            (rid,) = txn.relation_ids
-            if (table := table_of(rid)) is not None:
-                out.setdefault(table, []).append(ordinal)
-            continue
-        for table in {t for rid in txn.relation_ids if (t := table_of(rid)) is not None}:
-            out.setdefault(table, []).append(ordinal)
+        into = known.get(txn.relation_ids)
+        if into is None:
+            tables = {t for rid in txn.relation_ids if (t := table_of(rid)) is not None}
+            into = known[txn.relation_ids] = [out.setdefault(t, []) for t in sorted(tables)]
+        for lane in into:
+            lane.append(ordinal)
     return out

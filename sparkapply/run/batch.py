@@ -24,7 +24,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,7 @@ from sparkapply.apply.fold.rowwise import Runs, TxnInput
 from sparkapply.apply.job import run_tasks
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.staged import PieceFiles
-from sparkapply.changes.transaction import CommittedTxn
+from sparkapply.changes.transaction import CommittedTxn, relations_named
 from sparkapply.convert.schema import relation_identifier
 from sparkapply.convert.types import ColumnKind, PgColumnType, column_target, columns_as_text
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, arrow_schema_of, data_directory
@@ -268,11 +268,7 @@ class Applier:
     def _apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
         """One part of a batch, holding its tables from planning to commit, so that
         maintenance beside the apply never commits in between (sink/locks.py)."""
-        idents = {
-            self.identifier(rel)
-            for txn in batch
-            for rel in [*txn.relations.values(), *txn.relation_messages]
-        }
+        idents = {self.identifier(rel) for rel in relations_named(batch)}
         if self.cuts is not None:  # the batch appends its cut; expiry beside may commit
             idents.add(self.cuts_ident)
         with self.locks.hold(idents) as changed:
@@ -401,11 +397,14 @@ class Applier:
         schema_id = state.table.schema().schema_id if usable else None
         relids = tp.relation_ids
         runs = Runs()
+        last: Mapping[int, m.Relation] | None = None  # shared by transactions received whole
+        rels: tuple[m.Relation, ...] = ()
         for o in tp.ordinals:
             txn = batch[o]
             if txn.staged is None or schema_id is None:  # most: no object per share
-                lsn = int(txn.commit_lsn)
-                runs.add_one(o, txn.xid, lsn, txn.segments, _relations_of(txn, relids))
+                if txn.relations is not last:
+                    last, rels = txn.relations, _relations_of(txn, relids)
+                runs.add_one(o, txn.xid, int(txn.commit_lsn), txn.segments, rels)
             else:
                 runs.add(share.input(o, txn, relids, schema_id, keyed=keyed))
         return tuple(runs.inputs())

@@ -124,7 +124,6 @@ def streaming(
             cut_requests=CutRequests(work) if cuts is not None else None,
         )
         stream = ReplicationStream(conn, status_interval=cfg.source.status_interval)
-        collector.settle()
         started = time.monotonic()
         stream.start(
             start_replication_command(
@@ -135,7 +134,8 @@ def streaming(
         maintenance = _maintenance(cfg, spark, catalog, applier, cuts)
         applier.multidimensional = copier.multidimensional
         job = ApplyJob(applier, copier, maintenance)
-        yield Session(stream, assembler, progress, scheduler, job, started)
+        with collector.settled():
+            yield Session(stream, assembler, progress, scheduler, job, started)
     finally:
         stager.close()
 
