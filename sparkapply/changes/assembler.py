@@ -184,95 +184,40 @@ class Assembler:
                 i += 1
 
     def _whole_txns(self, frames: Sequence[memoryview], i: int, header: int) -> int:
-        """Spool the ordinary transactions received whole from ``frames[i]`` on (BEGIN,
-        changes to relations already described, COMMIT, and nothing else), in one
+        """Spool the ordinary transactions received whole from ``frames[i]`` on, in one
         write; returns the index of the first frame it did not take.
 
         Under a load of small transactions (pgbench, one-row updates) this is most of
         the stream, and the path per message cost several calls and objects per
         transaction: here one transaction costs one pass over its frames and its
-        :class:`CommittedTxn`. Anything else stops the run and takes the general path
-        from its BEGIN: a transaction not whole in this burst, a RELATION, TYPE,
-        TRUNCATE, ORIGIN or MESSAGE inside it, a relation not yet described, a
-        message of an unexpected size (which :meth:`feed` reports).
+        :class:`CommittedTxn`. What :meth:`_whole_at` does not vouch for stops the
+        run, and takes the general path from its BEGIN.
         """
         if self._current is not None or self._stream_xid is not None:
             return i
         n = len(frames)
-        begin_size = header + peek.BEGIN_SIZE
-        commit_size = header + peek.COMMIT_SIZE
-        change_size = header + peek.CHANGE_HEAD
-        relations = self.relations
-        known, id_sets = self._start_relations, self._id_sets
-        single = peek.U32.unpack_from
-        commit = peek.COMMIT.unpack_from
-        changes = CHANGE_TAGS
-        insert, begin, end = TAG_INSERT, TAG_BEGIN, TAG_COMMIT
         writer = None
         path = ""
         pos = first = 0
         payloads: list[memoryview] = []
         taken: list[CommittedTxn] = []
         while i < n:
-            frame = frames[i]
-            if len(frame) != begin_size or frame[header] != begin:
+            whole = self._whole_at(frames, i, header)
+            if whole is None:
                 break
+            end, touched, mutated = whole
             if writer is None:
                 writer = self.spool.shared()
                 path = str(writer.path)
                 pos = first = writer.offset
-            start, mark = pos, len(payloads)
-            j = i + 1
-            touched: list[int] = []
-            mutated: list[int] = []
-            whole = False
-            while j < n:
-                frame = frames[j]
-                size = len(frame)
-                if size >= change_size and frame[header] in changes:
-                    relid = single(frame, header + 1)[0]
-                    if relid not in relations:
-                        break
-                    touched.append(relid)
-                    if frame[header] != insert:
-                        mutated.append(relid)
-                    payloads.append(frame[header:])
-                    pos += size - header + RECORD_OVERHEAD
-                    j += 1
-                    continue
-                whole = size == commit_size and frame[header] == end and not frame[header + 1]
-                break
-            if not whole:
-                del payloads[mark:]
-                pos = start
-                break
-            relids = frozenset(touched)
-            entry = known.get(relids)
-            if entry is None or any(relations[r] is not v for r, v in entry[1].items()):
-                relids = entry[0] if entry is not None else relids
-                entry = known[relids] = (relids, {r: relations[r] for r in relids})
-            relids, described = entry
-            changed = frozenset(mutated)
-            changed = id_sets.setdefault(changed, changed)
-            _, commit_lsn, end_lsn, commit_time = commit(frames[j], header + 1)
-            xid = single(frames[i], header + peek.BEGIN_XID_AT)[0]
-            taken.append(
-                CommittedTxn(
-                    xid=xid,
-                    commit_lsn=Lsn(commit_lsn),
-                    end_lsn=Lsn(end_lsn),
-                    commit_time=commit_time,
-                    kind="commit",
-                    segments=(SpoolSegment(path, start, pos),) if pos > start else (),
-                    relation_ids=relids,
-                    relations=described,
-                    relation_messages=(),
-                    n_changes=j - i - 1,
-                    mutated_relation_ids=changed,
-                    cleanup=(path,),
-                )
-            )
-            i = j + 1
+            start = pos
+            for k in range(i + 1, end):
+                payload = frames[k][header:]
+                payloads.append(payload)
+                pos += RECORD_OVERHEAD + len(payload)
+            segment = SpoolSegment(path, start, pos)
+            taken.append(self._whole(frames[i], frames[end], header, segment, touched, mutated))
+            i = end + 1
         if taken:
             assert writer is not None
             writer.extend(payloads, False)
@@ -281,6 +226,76 @@ class Assembler:
             self.ready.extend(zip(taken, items, strict=True))
             self.ready_bytes += pos - first  # the transactions' segments tile it
         return i
+
+    def _whole_at(
+        self, frames: Sequence[memoryview], i: int, header: int
+    ) -> tuple[int, list[int], list[int]] | None:
+        """The transaction whose BEGIN is ``frames[i]``, if it is whole here: BEGIN,
+        changes to relations already described, COMMIT, nothing else, each of its
+        size. Returns its COMMIT's index and the relation ids of its changes, and of
+        those that are not inserts; None for anything else (a transaction not whole
+        in this burst; a RELATION, TYPE, TRUNCATE, ORIGIN or MESSAGE inside it; a
+        relation not yet described; a message of an unexpected size, which
+        :meth:`feed` reports)."""
+        n = len(frames)
+        frame = frames[i]
+        if len(frame) != header + peek.BEGIN_SIZE or frame[header] != TAG_BEGIN:
+            return None
+        change_size = header + peek.CHANGE_HEAD
+        relations, changes, single = self.relations, CHANGE_TAGS, peek.U32.unpack_from
+        touched: list[int] = []
+        mutated: list[int] = []
+        for j in range(i + 1, n):
+            frame = frames[j]
+            size = len(frame)
+            if size >= change_size and frame[header] in changes:
+                relid = single(frame, header + 1)[0]
+                if relid not in relations:
+                    return None
+                touched.append(relid)
+                if frame[header] != TAG_INSERT:
+                    mutated.append(relid)
+                continue
+            commit = size == header + peek.COMMIT_SIZE and frame[header] == TAG_COMMIT
+            return (j, touched, mutated) if commit and not frame[header + 1] else None
+        return None
+
+    def _whole(
+        self,
+        begin: memoryview,
+        commit: memoryview,
+        header: int,
+        segment: SpoolSegment,
+        touched: list[int],
+        mutated: list[int],
+    ) -> CommittedTxn:
+        """The committed transaction :meth:`_whole_at` found, spooled at ``segment``.
+        Its relation-id sets and cache entries are shared with the transactions
+        before it that had the same (see ``_start_relations``)."""
+        relations = self.relations
+        relids = frozenset(touched)
+        entry = self._start_relations.get(relids)
+        if entry is None or any(relations[r] is not v for r, v in entry[1].items()):
+            relids = entry[0] if entry is not None else relids
+            entry = self._start_relations[relids] = (relids, {r: relations[r] for r in relids})
+        relids, described = entry
+        changed = frozenset(mutated)
+        changed = self._id_sets.setdefault(changed, changed)
+        _, commit_lsn, end_lsn, commit_time = peek.COMMIT.unpack_from(commit, header + 1)
+        return CommittedTxn(
+            xid=peek.U32.unpack_from(begin, header + peek.BEGIN_XID_AT)[0],
+            commit_lsn=Lsn(commit_lsn),
+            end_lsn=Lsn(end_lsn),
+            commit_time=commit_time,
+            kind="commit",
+            segments=(segment,) if segment.nbytes else (),
+            relation_ids=relids,
+            relations=described,
+            relation_messages=(),
+            n_changes=len(touched),
+            mutated_relation_ids=changed,
+            cleanup=(segment.path,),
+        )
 
     def _begin_or_commit(self, frame: memoryview, header: int) -> bool:
         """BEGIN and COMMIT of an ordinary transaction, read inline (20,000 one-row
