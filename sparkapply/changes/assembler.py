@@ -98,7 +98,6 @@ class Assembler:
         # set of relation ids, as one object, with the cache entries of those
         # relations (a read-only mapping, replaced when an entry changes).
         self._start_relations: dict[frozenset[int], tuple[frozenset[int], RelationMap]] = {}
-        self._id_sets: dict[frozenset[int], frozenset[int]] = {}
 
     # -- state for the subscriber -----------------------------------------------------
 
@@ -279,8 +278,6 @@ class Assembler:
             relids = entry[0] if entry is not None else relids
             entry = self._start_relations[relids] = (relids, {r: relations[r] for r in relids})
         relids, described = entry
-        changed = frozenset(mutated)
-        changed = self._id_sets.setdefault(changed, changed)
         _, commit_lsn, end_lsn, commit_time = peek.COMMIT.unpack_from(commit, header + 1)
         return CommittedTxn(
             xid=peek.U32.unpack_from(begin, header + peek.BEGIN_XID_AT)[0],
@@ -293,7 +290,7 @@ class Assembler:
             relations=described,
             relation_messages=(),
             n_changes=len(touched),
-            mutated_relation_ids=changed,
+            mutated_relation_ids=frozenset(mutated),
             cleanup=(segment.path,),
         )
 

@@ -22,11 +22,11 @@ and turns each :class:`TablePlan` into a Spark task.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sparkapply.changes.transaction import CommittedTxn
+from sparkapply.changes.transaction import CommittedTxn, relation_changes
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.lanes import lanes
@@ -76,11 +76,7 @@ def identity_epochs(batch: Sequence[CommittedTxn]) -> list[Sequence[CommittedTxn
     # so an identity is compared only when the entry is another object (per batch of
     # 20,000 transactions on 4 tables: 63 ms -> a few).
     seen: dict[int, m.Relation] = {}
-    last: Mapping[int, m.Relation] | None = None
-    for i, txn in enumerate(batch):
-        if txn.relations is last and not txn.relation_messages:
-            continue  # the entries of the transaction before: nothing changes
-        last = txn.relations
+    for i, txn in relation_changes(batch):
         rels = (*txn.relations.values(), *txn.relation_messages)
         if i > start and _changes_identity(seen, rels):
             parts.append(batch[start:i])
@@ -120,11 +116,7 @@ def relation_versions(
 ) -> RelationVersions:
     out = RelationVersions()
     last_seen: dict[int, m.Relation] = {}  # the relation object each id had last
-    last: Mapping[int, m.Relation] | None = None
-    for txn in batch:
-        if txn.relations is last and not txn.relation_messages:
-            continue  # the entries of the transaction before
-        last = txn.relations
+    for _, txn in relation_changes(batch):
         for rel in [*txn.relations.values(), *txn.relation_messages]:
             if last_seen.get(rel.relation_id) is rel:
                 continue  # the same cache entry as the previous transaction's

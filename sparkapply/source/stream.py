@@ -56,9 +56,7 @@ class ReplicationStream:
         self._reported = Lsn(0)
         self._reported_write = Lsn(0)
         self._next_read = 0.0  # monotonic time before which a read waits (BURST_PACE)
-        # The walsender said it has sent what there was (see ``caught_up`` below).
-        self._idle_after = -1  # XLogData frames before its keepalive in this burst
-        self.caught_up = False
+        self.caught_up = False  # see below
 
     # ``caught_up``: the last thing received was a keepalive the walsender sent
     # unasked. It sends one whenever its decoding reaches the end of the WAL that was
@@ -105,15 +103,16 @@ class ReplicationStream:
         self._next_read = began + BURST_PACE if 0 < len(raws) < limit else 0.0
         out: list[memoryview] = []
         size = XLOG_DATA_HEADER.size
-        self._idle_after = -1
+        idle_after = -1  # XLogData frames before the walsender's last unasked keepalive
         for raw in raws:
             if len(raw) >= size and raw[0] == XLOG_DATA_TAG:
                 out.append(raw)
             else:
                 self._note_received(out)
-                self._frame(raw, len(out))
+                if self._frame(raw):
+                    idle_after = len(out)
         self._note_received(out)
-        if self._idle_after == len(out):
+        if idle_after == len(out):
             self.caught_up = True
         elif out:
             self.caught_up = False
@@ -125,8 +124,8 @@ class ReplicationStream:
             if wal_end > self.last_received:
                 self.last_received = Lsn(wal_end)
 
-    def _frame(self, raw: memoryview, after: int) -> None:
-        """A frame other than XLogData, the burst's ``after``-th XLogData before it."""
+    def _frame(self, raw: memoryview) -> bool:
+        """A frame other than XLogData; True for a keepalive sent unasked."""
         try:
             frame = parse_copy_data(raw)
         except ProtocolError as exc:
@@ -136,10 +135,9 @@ class ReplicationStream:
                 self.last_received = Lsn(frame.wal_end)
             if frame.reply_requested:
                 self.send_status()
-            else:
-                self._idle_after = after
-        else:  # an XLogData too short for its header: parse_copy_data said so
-            raise ProtocolError("XLogData message shorter than its header", tag="w")
+            return not frame.reply_requested
+        # an XLogData too short for its header: parse_copy_data said so
+        raise ProtocolError("XLogData message shorter than its header", tag="w")
 
     def _maybe_send_status(self) -> None:
         now = time.monotonic()
