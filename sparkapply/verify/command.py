@@ -2,9 +2,11 @@
 
 1. A temporary slot's exported snapshot fixes a point C on the publisher; every
    published table is hashed there by the server (``publisher.py``).
-2. The mirror's cut at exactly C (``sparkapply cut --at-lsn``: made by the running
+2. The mirror's cut at C - 1 (``sparkapply cut --at-lsn``: made by the running
    ``run``, or the next one, within ``timeout``) says which snapshot of each table
-   holds exactly the same transactions; Spark tasks hash those (``mirror.py``).
+   holds exactly the same transactions, every commit below C (a commit record may
+   start at C itself, and the snapshot does not see it); Spark tasks hash those
+   (``mirror.py``).
 3. Per table: rows and the order-independent hash (``canonical.py``). When they
    differ, the buckets whose sums differ are read on both sides and their rows
    matched by key: keys missing in Iceberg, extra in Iceberg, or different (which
@@ -201,7 +203,7 @@ def _requested_point(config: Config) -> Iterator[ExactPoint]:
 
     try:
         with exact_point(config, before=hold) as point:
-            requests.add(point.lsn)
+            requests.add(point.cut_lsn)
             for path, floor, since in holds:
                 requests.release(path)
                 log.info(
@@ -242,9 +244,12 @@ def _compare(
     )
     try:
         log.info(
-            "verifying at %s: waiting up to %gs for the mirror's cut there", point.lsn, timeout
+            "verifying at %s: waiting up to %gs for the mirror's cut at %s (every commit below it)",
+            point.lsn,
+            timeout,
+            point.cut_lsn,
         )
-        cut = wait_for_cut(config, point.lsn, timeout=timeout)
+        cut = wait_for_cut(config, point.cut_lsn, timeout=timeout)
         if spark is None:
             from sparkapply.apply.session import get_session
 

@@ -41,6 +41,16 @@ class ExactPoint:
     lsn: Lsn  # the slot's consistent point: the snapshot holds exactly what precedes it
     conn: psycopg.Connection[Any]  # in a transaction that sees the snapshot
 
+    @property
+    def cut_lsn(self) -> Lsn:
+        """The mirror's cut holding exactly what the snapshot sees: every commit below
+        the point, the stamp a copy at the same kind of point gets (``copy/driver.py``,
+        THE HAND-OVER). A cut at the point itself holds one transaction too many when
+        a commit record starts right at it (the snapshot does not see that commit, a
+        cut "at or below" the point applies it): verify then named a row that a
+        prepared transaction, committed at that instant, had changed."""
+        return Lsn(self.lsn - 1)
+
 
 @contextlib.contextmanager
 def exact_point(
