@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from itertools import repeat
 
 _LSN_RE = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
 _MAX = (1 << 64) - 1
@@ -37,6 +39,12 @@ class Lsn(int):
 
 
 INVALID_LSN = Lsn(0)
+
+
+def lsns(values: Iterable[int]) -> list[Lsn]:
+    """LSNs of values read from the wire (unsigned 64-bit, so in range): without
+    :meth:`Lsn.__new__`'s checks, which the receive loop paid twice a transaction."""
+    return list(map(int.__new__, repeat(Lsn), values))
 
 
 def format_lsn(value: int | None) -> str:

@@ -16,10 +16,11 @@ RELATION CACHE
 THE RECEIVE LOOP
     :meth:`Assembler.feed_frames` bounds how fast a transaction is received, so it
     reads BEGIN, COMMIT and change headers inline (layouts in ``pgoutput/peek.py``)
-    and spools a run of changes as one write, with no call per message. Small
-    transactions received whole in one burst take one pass each, and the burst's
-    runs of them one write (``_whole_txns``). Everything else goes through
-    :meth:`Assembler.feed`, which decodes and also raises the errors.
+    and spools a run of changes as one write, with no call per message. A burst's
+    runs of small transactions received whole are read column-wise
+    (``pgoutput/burst.py``) and spooled by one write a run (``_whole_txns``).
+    Everything else goes through :meth:`Assembler.feed`, which decodes and also
+    raises the errors.
 
 Change messages (I/U/D) are only peeked here (xid and relation id); their tuples are
 decoded on executors. Streamed transactions are kept in ``streamed.py``, two-phase ones
@@ -45,9 +46,10 @@ from sparkapply.changes.transaction import CommittedTxn, TxnKind
 from sparkapply.changes.twophase import committed_prepared, prepared_entry, stage_prepared
 from sparkapply.errors import ProtocolError, SparkapplyError, StateError
 from sparkapply.failpoints import armed, failpoint
-from sparkapply.lsn import Lsn
+from sparkapply.lsn import Lsn, lsns
 from sparkapply.pgoutput import Decoder, peek
 from sparkapply.pgoutput import messages as m
+from sparkapply.pgoutput.burst import frame_tags, whole_run
 from sparkapply.pgoutput.frames import XLOG_WAL_START
 from sparkapply.pgoutput.messages import TAG_BEGIN, TAG_COMMIT, TAG_INSERT
 from sparkapply.pgoutput.peek import CHANGE_TAGS, peek_change
@@ -56,6 +58,9 @@ from sparkapply.state import layout
 log = logging.getLogger(__name__)
 
 RelationMap = dict[int, m.Relation]
+# A whole transaction's relation ids, their cache entries, the ids it mutates.
+_Touched = tuple[frozenset[int], RelationMap, frozenset[int]]
+TOUCHED_KEPT = 1024  # shapes of whole transactions remembered (``_touch_whole``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,8 @@ class Assembler:
         # set of relation ids, as one object, with the cache entries of those
         # relations (a read-only mapping, replaced when an entry changes).
         self._start_relations: dict[frozenset[int], tuple[frozenset[int], RelationMap]] = {}
+        # By a whole transaction's changes (relation ids, tags): what it touches.
+        self._touched: dict[tuple[tuple[int, ...], bytes], _Touched] = {}
 
     # -- state for the subscriber -----------------------------------------------------
 
@@ -173,8 +180,9 @@ class Assembler:
                 self.feed(frame[header:], XLOG_WAL_START.unpack_from(frame, 1)[0])
             return
         i, n = 0, len(frames)
+        tags = frame_tags(frames, header)
         while i < n:
-            i = self._whole_txns(frames, i, header)
+            i = self._whole_txns(frames, i, header, tags)
             i = self._change_run(frames, i, header)
             if i < n:
                 frame = frames[i]
@@ -182,117 +190,97 @@ class Assembler:
                     self.feed(frame[header:], XLOG_WAL_START.unpack_from(frame, 1)[0])
                 i += 1
 
-    def _whole_txns(self, frames: Sequence[memoryview], i: int, header: int) -> int:
+    def _whole_txns(self, frames: Sequence[memoryview], i: int, header: int, tags: bytes) -> int:
         """Spool the ordinary transactions received whole from ``frames[i]`` on, in one
         write; returns the index of the first frame it did not take.
 
         Under a load of small transactions (pgbench, one-row updates) this is most of
-        the stream, and the path per message cost several calls and objects per
-        transaction: here one transaction costs one pass over its frames and its
-        :class:`CommittedTxn`. What :meth:`_whole_at` does not vouch for stops the
-        run, and takes the general path from its BEGIN.
+        the stream: the run is read column-wise (``pgoutput/burst.py``), and each
+        transaction costs its :class:`CommittedTxn`, its segment and a look-up of
+        what it touches (``_touched``). What the run does not vouch for takes the
+        general path from its BEGIN.
         """
         if self._current is not None or self._stream_xid is not None:
             return i
-        n = len(frames)
-        writer = None
-        path = ""
-        pos = first = 0
-        payloads: list[memoryview] = []
+        run = whole_run(frames, tags, i, header, self.relations)
+        if run is None:
+            return i
+        writer = self.spool.shared()
+        path = str(writer.path)
+        cleanup = (path,)
+        offsets = writer.extend(run.messages, False)
+        self._forget_stale_touched()
+        touched = self._touched
+        relids, change_tags, bounds = run.relation_ids, run.change_tags, run.bounds
         taken: list[CommittedTxn] = []
-        while i < n:
-            whole = self._whole_at(frames, i, header)
-            if whole is None:
-                break
-            end, touched, mutated = whole
-            if writer is None:
-                writer = self.spool.shared()
-                path = str(writer.path)
-                pos = first = writer.offset
-            start = pos
-            for k in range(i + 1, end):
-                payload = frames[k][header:]
-                payloads.append(payload)
-                pos += RECORD_OVERHEAD + len(payload)
-            segment = SpoolSegment(path, start, pos)
-            taken.append(self._whole(frames[i], frames[end], header, segment, touched, mutated))
-            i = end + 1
-        if taken:
-            assert writer is not None
-            writer.extend(payloads, False)
-            self.spool.hold(path, len(taken))
-            items = self.progress.add_many([t.end_lsn for t in taken])
-            self.ready.extend(zip(taken, items, strict=True))
-            self.ready_bytes += pos - first  # the transactions' segments tile it
-        return i
+        for t, (xid, commit_lsn, end_lsn, commit_time) in enumerate(
+            zip(run.xids, lsns(run.commit_lsns), lsns(run.end_lsns), run.commit_times, strict=True)
+        ):
+            c0, c1 = bounds[t], bounds[t + 1]
+            key = (tuple(relids[c0:c1]), change_tags[c0:c1])
+            entry = touched.get(key) or self._touch_whole(key)
+            s0, s1 = offsets[c0], offsets[c1]
+            taken.append(
+                CommittedTxn(
+                    xid,
+                    commit_lsn,
+                    end_lsn,
+                    commit_time,
+                    "commit",
+                    (SpoolSegment(path, s0, s1),) if s1 > s0 else (),
+                    entry[0],
+                    entry[1],
+                    (),
+                    c1 - c0,
+                    False,
+                    entry[2],
+                    None,
+                    cleanup,
+                )
+            )
+        self.spool.hold(path, len(taken))
+        items = self.progress.add_many([t.end_lsn for t in taken])
+        self.ready.extend(zip(taken, items, strict=True))
+        self.ready_bytes += offsets[-1] - offsets[0]  # the transactions' segments tile it
+        return run.end
 
-    def _whole_at(
-        self, frames: Sequence[memoryview], i: int, header: int
-    ) -> tuple[int, list[int], list[int]] | None:
-        """The transaction whose BEGIN is ``frames[i]``, if it is whole here: BEGIN,
-        changes to relations already described, COMMIT, nothing else, each of its
-        size. Returns its COMMIT's index and the relation ids of its changes, and of
-        those that are not inserts; None for anything else (a transaction not whole
-        in this burst; a RELATION, TYPE, TRUNCATE, ORIGIN or MESSAGE inside it; a
-        relation not yet described; a message of an unexpected size, which
-        :meth:`feed` reports)."""
-        n = len(frames)
-        frame = frames[i]
-        if len(frame) != header + peek.BEGIN_SIZE or frame[header] != TAG_BEGIN:
-            return None
-        change_size = header + peek.CHANGE_HEAD
-        relations, changes, single = self.relations, CHANGE_TAGS, peek.U32.unpack_from
-        touched: list[int] = []
-        mutated: list[int] = []
-        for j in range(i + 1, n):
-            frame = frames[j]
-            size = len(frame)
-            if size >= change_size and frame[header] in changes:
-                relid = single(frame, header + 1)[0]
-                if relid not in relations:
-                    return None
-                touched.append(relid)
-                if frame[header] != TAG_INSERT:
-                    mutated.append(relid)
-                continue
-            commit = size == header + peek.COMMIT_SIZE and frame[header] == TAG_COMMIT
-            return (j, touched, mutated) if commit and not frame[header + 1] else None
-        return None
-
-    def _whole(
-        self,
-        begin: memoryview,
-        commit: memoryview,
-        header: int,
-        segment: SpoolSegment,
-        touched: list[int],
-        mutated: list[int],
-    ) -> CommittedTxn:
-        """The committed transaction :meth:`_whole_at` found, spooled at ``segment``.
-        Its relation-id sets and cache entries are shared with the transactions
-        before it that had the same (see ``_start_relations``)."""
+    def _touch_whole(self, key: tuple[tuple[int, ...], bytes]) -> _Touched:
+        """What a whole transaction with these changes (relation ids, tags) touches:
+        its relation ids, the cache entries of those relations and the ids it does not
+        only insert into. Shared by every transaction with the same changes, and the
+        entries by every one with the same relations (see ``_start_relations``)."""
         relations = self.relations
-        relids = frozenset(touched)
+        changed, tags = key
+        relids = frozenset(changed)
         entry = self._start_relations.get(relids)
         if entry is None or any(relations[r] is not v for r, v in entry[1].items()):
             relids = entry[0] if entry is not None else relids
             entry = self._start_relations[relids] = (relids, {r: relations[r] for r in relids})
-        relids, described = entry
-        _, commit_lsn, end_lsn, commit_time = peek.COMMIT.unpack_from(commit, header + 1)
-        return CommittedTxn(
-            xid=peek.U32.unpack_from(begin, header + peek.BEGIN_XID_AT)[0],
-            commit_lsn=Lsn(commit_lsn),
-            end_lsn=Lsn(end_lsn),
-            commit_time=commit_time,
-            kind="commit",
-            segments=(segment,) if segment.nbytes else (),
-            relation_ids=relids,
-            relations=described,
-            relation_messages=(),
-            n_changes=len(touched),
-            mutated_relation_ids=frozenset(mutated),
-            cleanup=(segment.path,),
-        )
+        mutated = frozenset(r for r, tag in zip(changed, tags, strict=True) if tag != TAG_INSERT)
+        touched = self._touched[key] = (entry[0], entry[1], mutated)
+        return touched
+
+    def _forget_stale_touched(self) -> None:
+        """Drop what ``_touched`` says of relations whose cache entry changed since
+        (a RELATION message, between two runs), and all of it when it grew large
+        (transactions of many shapes). Each mapping of entries is checked once."""
+        touched = self._touched
+        if len(touched) > TOUCHED_KEPT:
+            touched.clear()
+            return
+        relations = self.relations
+        current: dict[int, bool] = {}  # id of a mapping of entries: all still in effect
+        stale = []
+        for key, (_, described, _) in touched.items():
+            ok = current.get(id(described))
+            if ok is None:
+                ok = current[id(described)] = all(
+                    relations.get(r) is v for r, v in described.items()
+                )
+            if not ok:
+                stale.append(key)
+        for key in stale:
+            del touched[key]
 
     def _begin_or_commit(self, frame: memoryview, header: int) -> bool:
         """BEGIN and COMMIT of an ordinary transaction, read inline (20,000 one-row

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.changes.staged import Staged
+from sparkapply.frozen import hot_frozen
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.messages import Relation
 
 TxnKind = Literal["commit", "stream", "prepared"]
 
 
-@dataclass(frozen=True, slots=True)
+@hot_frozen  # one per transaction on the receiving thread: see sparkapply/frozen.py
 class CommittedTxn:
     """Everything the apply needs of one transaction, in commit order.
 

@@ -277,6 +277,63 @@ def test_feed_frames_is_feed_of_each_frame(tmp_path: Path, seed: int) -> None:
     assert _state(burst) == want
 
 
+REL3 = m.Relation(None, 300, "public", "w", "d", (m.RelationColumn(1, "k", 23, -1),))
+
+
+def _small_transactions(rnd: random.Random) -> list[m.Message]:
+    """Runs of small ordinary transactions, as under pgbench (read column-wise,
+    pgoutput/burst.py), broken now and then: a RELATION that changes a relation's
+    entry mid-run, a relation described only by a later transaction (its changes
+    before are an error, which both paths must raise alike: not generated here),
+    an empty transaction, an interleaved streamed chunk."""
+    out: list[m.Message] = []
+    tup = m.TupleData(b"t", (b"1",))
+    lsn = 1000
+    described = [100, 200]
+    for xid in range(10, 400):
+        lsn += 100
+        if rnd.random() < 0.02:
+            out += [m.StreamStart(xid + 10_000, True), rel(xid + 10_000)]
+            out += [m.Insert(xid + 10_000, 100, tup), m.StreamStop()]
+        out.append(m.Begin(lsn, 0, xid))
+        if rnd.random() < 0.03:
+            out.append(rnd.choice((REL2, REL2B)))
+        if 300 not in described and rnd.random() < 0.05:
+            out.append(REL3)
+            described.append(300)
+        for _ in range(rnd.choice((0, 1, 1, 1, 4, 5))):
+            relid = rnd.choice(described)
+            kind = rnd.random()
+            if kind < 0.3:
+                out.append(m.Insert(None, relid, tup))
+            elif kind < 0.9:
+                out.append(m.Update(None, relid, None, None, tup))
+            else:
+                out.append(m.Delete(None, relid, "K", tup))
+        out.append(m.Commit(0, lsn - 10, lsn, xid))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_feed_frames_of_small_transactions_is_feed_of_each_frame(tmp_path: Path, seed: int) -> None:
+    rnd = random.Random(seed)
+    frames = _frames([REL2, *_small_transactions(rnd)])
+    one = Feed(tmp_path / "one")
+    one.asm.relations[REL.relation_id] = REL
+    for lsn, frame in frames:
+        one.asm.feed(frame[XLOG_DATA_HEADER.size :], lsn)
+    burst = Feed(tmp_path / "burst")
+    burst.asm.relations[REL.relation_id] = REL
+    i = 0
+    while i < len(frames):
+        n = rnd.randint(1, 300)
+        burst.asm.feed_frames([f for _, f in frames[i : i + n]], XLOG_DATA_HEADER.size)
+        i += n
+    want = _state(one)
+    assert len(want) > 300
+    assert _state(burst) == want
+
+
 def test_feed_frames_reports_a_short_change_where_it_is(tmp_path: Path) -> None:
     f = Feed(tmp_path)
     good = _frames([m.Begin(2000, 0, 1), rel(None), row(1)])
