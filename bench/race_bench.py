@@ -135,6 +135,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Output]:
     )
     parser.add_argument("--native-synchronous-commit", choices=("on", "off"), default="on")
     parser.add_argument("--log-dir", type=Path, help="keep each round's sparkapply log here")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="sample sparkapply's driver with py-spy through each drain (a profile, not a"
+        " figure: sampling slows it)",
+    )
     return parse_bench_args(parser, argv, "race_<workload>.json")
 
 
@@ -149,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         freeze_walsender=not args.no_freeze_walsender,
         native_synchronous_commit=args.native_synchronous_commit,
         timeout=args.timeout,
+        py_spy=args.py_spy,
     )
     exit_on_sigterm()
     native, sa = Results(NATIVE), Results(SPARKAPPLY)

@@ -21,8 +21,12 @@ A round, with fresh consumers:
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -171,6 +175,9 @@ class RaceOptions:
     native_synchronous_commit: str = "on"  # the subscription's synchronous_commit
     timeout: float = 1800.0  # per drain
     setup_timeout: float = 1800.0  # consumers' start, copy and warm-up
+    # py-spy samples sparkapply's driver through each drain into this directory
+    # (collapsed stacks, one file a round); None: no profiler.
+    py_spy: Path | None = None
 
 
 def order_of(first: str, index: int) -> tuple[str, str]:
@@ -271,7 +278,8 @@ class Round:
         state = self.watch.slot(sa.slot)
         walsender = sa.walsender_pid or (state[1] if state else None)
         sent = None if walsender is None else self.watch.sent(walsender)
-        d = self._drain(sa, sa.pid, backlog, "sparkapply")
+        with self._sampled(sa.pid):
+            d = self._drain(sa, sa.pid, backlog, "sparkapply")
         seconds = d.reached - d.t0
         if pause_after:
             sa.pause()
@@ -284,6 +292,45 @@ class Round:
             "log": self._log_since(d.released_wall, seconds),
         }
         return Run(seconds, d.load, d.cpu.as_dict(), detail=detail)
+
+    @contextlib.contextmanager
+    def _sampled(self, pid: int) -> Iterator[None]:
+        """py-spy on the driver and its Python workers while the block runs
+        (``RaceOptions.py_spy``): where their threads spend the drain, as collapsed
+        stacks (``--threads --idle --subprocesses``, 1 kHz).
+        It attaches before the release, so the drain is what it sees."""
+        out_dir = self.options.py_spy
+        if out_dir is None:
+            yield
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = out_dir / f"round{self.index}.txt"
+        spy = subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                "1000",
+                "--format",
+                "raw",
+                "--threads",
+                "--idle",
+                "--nonblocking",
+                "--subprocesses",
+                "--output",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # attached
+        try:
+            yield
+        finally:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=30)
 
     def _log_since(self, released_wall: float, seconds: float) -> dict[str, Any]:
         """The log's records from the release on, and when the target was seen."""
