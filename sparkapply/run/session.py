@@ -40,6 +40,7 @@ from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
 from sparkapply.source.publisher import PublishedTable, SlotInfo, ensure_slot, publisher_identity
 from sparkapply.source.stream import ReplicationStream
+from sparkapply.source.wakeup import Wakeup
 from sparkapply.staging.records import kept_by_staging
 from sparkapply.staging.stager import Stager
 from sparkapply.state.layout import prepared_dir
@@ -104,6 +105,7 @@ def streaming(
     prepared = PreparedStore(prepared_dir(work))
     sweep_staged(work, catalog)
     stager = _stager(cfg, protocol, spark, catalog)
+    wakeup = Wakeup()
     try:
         assembler = Assembler(
             work,
@@ -123,7 +125,7 @@ def streaming(
             prepared=prepared,
             cut_requests=CutRequests(work) if cuts is not None else None,
         )
-        stream = ReplicationStream(conn, status_interval=cfg.source.status_interval)
+        stream = ReplicationStream(conn, status_interval=cfg.source.status_interval, wakeup=wakeup)
         started = time.monotonic()
         stream.start(
             start_replication_command(
@@ -138,6 +140,7 @@ def streaming(
             yield Session(stream, assembler, progress, scheduler, job, started)
     finally:
         stager.close()
+        wakeup.close()
 
 
 def _stager(cfg: Config, protocol: Protocol, spark: SparkSession, catalog: Catalog) -> Stager:

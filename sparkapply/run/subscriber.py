@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkapply import collector
 from sparkapply.config import Config
@@ -67,6 +67,13 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+
+# How long a read waits for the walsender: while committed transactions wait to be
+# cut, a read that finds nothing in this time is a pause of the stream, which cuts the
+# batch (the walsender's keepalive at the end of a backlog says so sooner, when it
+# comes: see source/stream.py, ``caught_up``); otherwise, until a keepalive is due.
+PAUSE_WAIT = 0.02
+IDLE_WAIT = 0.2
 
 
 @dataclass(slots=True)
@@ -208,8 +215,10 @@ class Subscriber:
         last_ping = 0.0
         try:
             while True:
-                busy = running is not None or session.assembler.backlog().transactions > 0
-                self._receive(session, busy=busy)
+                # Transactions wait for the stream to pause before they are cut: look
+                # again soon. A running batch or copy ends the wait when it is done.
+                waiting = running is None and session.assembler.backlog().transactions > 0
+                self._receive(session, PAUSE_WAIT if waiting else IDLE_WAIT)
                 if running is not None and running.done():
                     self._completed(session, running)  # raises: nothing acknowledged
                     running = None
@@ -220,6 +229,7 @@ class Subscriber:
                 elif running is None and not self._stop.is_set() and job.copier.due():
                     # Same single-threaded pool: batches queue behind the copy.
                     copying = pool.submit(job.refresh)
+                    self._wake_when_done(session, copying)
 
                 if self._stop.is_set():
                     scheduler.stop()
@@ -231,6 +241,7 @@ class Subscriber:
                 batch = scheduler.cut()
                 if batch is not None:
                     running = pool.submit(job.apply, batch)
+                    self._wake_when_done(session, running)
 
                 idle = self._positions(session)
                 if target is not None and idle and scheduler.caught_up(target):
@@ -251,10 +262,18 @@ class Subscriber:
             if job.maintenance is not None:
                 job.maintenance.close()
 
-    def _receive(self, session: Session, *, busy: bool) -> None:
+    @staticmethod
+    def _wake_when_done(session: Session, future: Future[Any]) -> None:
+        """The receiving thread comes back from its wait as soon as ``future`` is done,
+        so that a batch is acknowledged (and the next one cut) at once."""
+        wakeup = session.stream.wakeup
+        if wakeup is not None:
+            future.add_done_callback(lambda _: wakeup.set())
+
+    def _receive(self, session: Session, timeout: float) -> None:
         """One burst of messages into the assembler; a short wait while there is work."""
         with collector.paused():
-            frames = session.stream.poll_burst(0.05 if busy else 0.2)
+            frames = session.stream.poll_burst(timeout)
             session.assembler.feed_frames(frames, XLOG_DATA_HEADER.size)
             got = bool(frames)
             del frames  # freed before the collector may look at them

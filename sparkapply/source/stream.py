@@ -23,6 +23,7 @@ from sparkapply.pgoutput.frames import (
     pg_now_micros,
 )
 from sparkapply.source.connection import ReplicationConnection
+from sparkapply.source.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,16 @@ BURST_PACE = 0.02
 
 
 class ReplicationStream:
-    def __init__(self, conn: ReplicationConnection, *, status_interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        conn: ReplicationConnection,
+        *,
+        status_interval: float = 10.0,
+        wakeup: Wakeup | None = None,
+    ) -> None:
         self.conn = conn
+        # Set by another thread (a batch that completed) to end a poll's wait at once.
+        self.wakeup = wakeup
         self.status_interval = status_interval
         self._lock = threading.Lock()
         self._flush_lsn = Lsn(0)
@@ -91,15 +100,24 @@ class ReplicationStream:
         XLogData frame costs a tag check and an append: only the last frame's
         ``wal_end`` is read (positions only grow), and status bookkeeping is done once
         per burst. While data flows, reads are paced (:data:`BURST_PACE`); a burst
-        that reached ``limit`` is followed at once.
+        that reached ``limit`` is followed at once. A set :attr:`wakeup` ends the
+        waits, for the pace or the first frame, at once.
         """
         self._maybe_send_status()
         timeout = min(timeout, 1.0)
         wait = self._next_read - time.monotonic()
+        wakeup = self.wakeup
         if wait > 0:
-            time.sleep(min(wait, timeout))
+            if wakeup is None:
+                time.sleep(min(wait, timeout))
+            elif wakeup.wait(min(wait, timeout)):
+                timeout = 0.0  # woken: what has arrived, and back to the caller
         began = time.monotonic()
-        raws = self.conn.read_burst(timeout, limit, BURST_LINGER, BURST_LINGER_BELOW)
+        raws = self.conn.read_burst(timeout, limit, BURST_LINGER, BURST_LINGER_BELOW, wakeup)
+        if wakeup is not None:
+            # The caller looks at what woke it next: a wake-up from now on ends the
+            # next poll's wait.
+            wakeup.take()
         self._next_read = began + BURST_PACE if 0 < len(raws) < limit else 0.0
         out: list[memoryview] = []
         size = XLOG_DATA_HEADER.size

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Iterator
 
@@ -20,6 +21,7 @@ from sparkapply.source.negotiation import (
     start_replication_command,
 )
 from sparkapply.source.stream import BURST_LINGER_BELOW, BURST_PACE, ReplicationStream
+from sparkapply.source.wakeup import Wakeup
 
 TXNS = 400
 
@@ -110,10 +112,14 @@ def test_reads_of_a_flowing_stream_are_paced_and_lose_nothing(pg_dsn: str) -> No
         real_read = rc.read_burst
 
         def timed_read(
-            timeout: float, limit: int, linger: float = 0.0, linger_below: int = 0
+            timeout: float,
+            limit: int,
+            linger: float = 0.0,
+            linger_below: int = 0,
+            wakeup: Wakeup | None = None,
         ) -> list[memoryview]:
             began = time.monotonic()
-            got = real_read(timeout, limit, linger, linger_below)
+            got = real_read(timeout, limit, linger, linger_below, wakeup)
             reads.append((began, len(got)))
             return got
 
@@ -164,3 +170,42 @@ def test_a_durable_position_reaches_the_publisher_at_once(pg_dsn: str) -> None:
                 confirmed = row[0] if row else None
                 time.sleep(0.05)
         assert confirmed == target
+
+
+def test_a_wakeup_ends_the_wait_for_the_walsender(pg_dsn: str) -> None:
+    """A batch that completes while the receiving thread waits for the walsender (an
+    idle stream: nothing comes) is seen at once: the wait ends when another thread
+    sets the wakeup, not at its timeout, and the wake-up is taken by the poll."""
+    with _stream_of(pg_dsn) as stream:
+        while stream.poll_burst(0.2):  # the stream is idle once nothing is pending
+            pass
+        stream.wakeup = wakeup = Wakeup()
+        try:
+            returned = threading.Event()
+
+            def wait() -> None:
+                stream.conn.read_copy_data(300.0, wakeup)  # the walsender sends nothing
+                returned.set()
+
+            waiting = threading.Thread(target=wait, daemon=True)
+            waiting.start()
+            wakeup.set()
+            assert returned.wait(120), "the wait did not end when the wakeup was set"
+            waiting.join()
+            assert stream.poll_burst(0.2) == []  # set still: it ends this poll's wait ...
+            assert not wakeup.take()  # ... and the poll took it
+        finally:
+            wakeup.close()
+
+
+def test_a_wakeup_set_before_a_wait_ends_it_once() -> None:
+    wakeup = Wakeup()
+    try:
+        assert not wakeup.take()
+        wakeup.set()
+        wakeup.set()
+        assert wakeup.wait(300.0)  # would sleep 300 s if the set were lost
+        assert not wakeup.take()  # both sets were taken by that one wait
+    finally:
+        wakeup.close()
+    wakeup.set()  # after close: nothing, no error
