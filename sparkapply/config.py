@@ -73,9 +73,9 @@ class ApplyConfig:
     split_bytes: int = 16 * 1024 * 1024
     max_tasks_per_table: int = 0
     # A batch whose tasks read at most driver_fold_bytes of spool in all is folded on
-    # the driver, in this process, not as a Spark job (0, the default: always a Spark
-    # job). See apply/job.py, SMALL BATCHES, for why it is off by default.
-    driver_fold_bytes: int = 0
+    # the driver, in this process, not as a Spark job (0: always a Spark job). See
+    # apply/job.py, SMALL BATCHES, for the measurements behind the default.
+    driver_fold_bytes: int = 16 * 1024 * 1024
     # A streamed transaction is staged by Spark tasks while it arrives, a piece of at
     # least stage_bytes at a time (0: never), with at most stage_inflight_bytes of
     # pieces in flight (see staging/stager.py).

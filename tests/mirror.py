@@ -60,7 +60,10 @@ def make_config(dsn: str, work_dir: Path, publication: str = "pub", **source: An
                     "warehouse": "file://{work_dir}/warehouse",
                 }
             },
-            "apply": {"batch_linger": 0.2},
+            # Every batch a Spark job, as big ones and a cluster's are: the default
+            # folds small batches on the driver, which the command-line tests, the
+            # demo and the random workload's "driver" mode run.
+            "apply": {"batch_linger": 0.2, "driver_fold_bytes": 0},
         },
     )
 
