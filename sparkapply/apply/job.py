@@ -10,7 +10,8 @@ SMALL BATCHES
     with more tables than the cluster has cores goes as one partition per core, each
     folding several tables, so its trips come in one wave, not two (``slices``). With
     ``[apply] driver_fold_bytes`` set, a batch whose tasks read at most that much
-    spool in all is folded here, in the driver's process, one task after another, by
+    spool in all, and compose no staged pieces (``on_driver``), is folded here, in the
+    driver's process, one task after another, by
     the same code the executors run; it writes a few small files, beside the
     manifests and metadata the driver writes anyway.
 
@@ -87,6 +88,16 @@ def merge_results(results: Sequence[TableResult]) -> list[TableResult]:
     return list(merged.values())
 
 
+def on_driver(tasks: Sequence[TableTask], driver_fold_bytes: int) -> bool:
+    """Whether the batch is folded here (see SMALL BATCHES): at most
+    ``driver_fold_bytes`` of spool in all, and no staged pieces to compose, whose work
+    is the pieces' keys, up to millions, not the spool left after them (a 1,000,000-row
+    update composed here took 0.85-1.03 s, against 0.3-0.4 s in Spark's tasks)."""
+    if driver_fold_bytes <= 0 or any(t.staged for t in tasks):
+        return False
+    return sum(task_bytes(t) for t in tasks) <= driver_fold_bytes
+
+
 def _on_driver(task: TableTask) -> TableResult:
     result = run_table_task(dataclasses.replace(task, txns=tuple(coalesced(task.txns))))
     result.tasks = 0  # no Spark task
@@ -105,7 +116,7 @@ def run_tasks(
     bound the job); or, for a small batch, each task here (see SMALL BATCHES)."""
     if not tasks:
         return []
-    if driver_fold_bytes > 0 and sum(task_bytes(t) for t in tasks) <= driver_fold_bytes:
+    if on_driver(tasks, driver_fold_bytes):
         return [_on_driver(t) for t in tasks]
     parallelism = spark.sparkContext.defaultParallelism
     expanded: list[TableTask] = []

@@ -3,6 +3,7 @@ cannot net what it meets hands the task to the row-wise fold."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pyarrow as pa
@@ -91,7 +92,7 @@ def test_what_the_keyed_fold_cannot_net_is_applied_row_wise(tmp_path: Path) -> N
 def test_a_small_batch_is_folded_on_the_driver_and_a_bigger_one_is_not(tmp_path: Path) -> None:
     """Under ``driver_fold_bytes`` of spool in all, the tasks run here, one after
     another, with the executors' code: no Spark job (the session is not touched)."""
-    from sparkapply.apply.job import run_tasks, task_bytes
+    from sparkapply.apply.job import on_driver, run_tasks, task_bytes
 
     txn = spool(
         tmp_path,
@@ -111,6 +112,12 @@ def test_a_small_batch_is_folded_on_the_driver_and_a_bigger_one_is_not(tmp_path:
 
     with pytest.raises(RuntimeError, match="a Spark job"):
         run_tasks(NoSpark(), [t], driver_fold_bytes=task_bytes(t) - 1)  # type: ignore[arg-type]
+    # Staged pieces to compose: a Spark job however small the spool left after them
+    # (their keys are the work: a million of them for a 1,000,000-row update).
+    staged = dataclasses.replace(t, insert_only=False, staged=((("piece.parquet",), None),))
+    assert on_driver([t], task_bytes(t)) and not on_driver([staged], 1 << 40)
+    with pytest.raises(RuntimeError, match="a Spark job"):
+        run_tasks(NoSpark(), [staged], driver_fold_bytes=1 << 40)  # type: ignore[arg-type]
 
 
 def test_the_daemons_warm_up_runs_both_paths_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
