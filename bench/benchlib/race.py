@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import signal
 import subprocess
 import time
@@ -303,6 +304,8 @@ class Round:
         if out_dir is None:
             yield
             return
+        if shutil.which("py-spy") is None:
+            raise SystemExit("--py-spy needs py-spy on PATH: pip install py-spy")
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / f"round{self.index}.txt"
         spy = subprocess.Popen(
