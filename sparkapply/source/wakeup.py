@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import threading
 
 
 class Wakeup:
@@ -20,14 +21,18 @@ class Wakeup:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
+        # A set() racing close() must not write to a descriptor number reused since.
+        self._lock = threading.Lock()
+        self._closed = False
 
     def fileno(self) -> int:
         return self._read
 
     def set(self) -> None:
         """End the current or next wait (thread-safe; after :meth:`close`, nothing)."""
-        with contextlib.suppress(OSError):  # the pipe is full (woken already) or closed
-            os.write(self._write, b"\0")
+        with self._lock, contextlib.suppress(BlockingIOError):  # full: woken already
+            if not self._closed:
+                os.write(self._write, b"\0")
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` s; True, at once, if :meth:`set` was called."""
@@ -43,6 +48,9 @@ class Wakeup:
         return woken
 
     def close(self) -> None:
-        for fd in (self._read, self._write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self._read)
+            os.close(self._write)
