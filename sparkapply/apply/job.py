@@ -11,22 +11,22 @@ SMALL BATCHES
     folding several tables, so its trips come in one wave, not two (``slices``). With
     ``[apply] driver_fold_bytes`` set, a batch whose tasks read at most that much
     spool in all, and compose no staged pieces (``on_driver``), is folded here, in the
-    driver's process, one task after another, by
-    the same code the executors run; it writes a few small files, beside the
-    manifests and metadata the driver writes anyway.
+    driver's process, one task after another, by the same code the executors run; it
+    writes a few small files, beside the manifests and metadata the driver writes
+    anyway.
 
     On by default, up to 16 MiB of spool (``split_bytes``, where a table's batch is
     split over several tasks anyway), as measured in the product (bench/README.md,
-    2026-11-27): at 1,000 pgbench transactions a second the staleness went from
-    0.69 / 1.46 / 2.17 s (p50 / p95 / max) to 0.54 / 1.27 / 1.82 s, a backlog of
-    20,000 pgbench transactions drained in 0.75 s instead of 0.93 s, 20,000 one-row
-    updates in 0.48 s instead of 0.53-0.57 s. It was off before, when the receiving
-    thread spent 12 µs a transaction and kept a batch that ended waiting up to 50 ms:
-    folding in the driver's process shares its interpreter lock with that thread and
-    with maintenance beside the apply, and then made the slowest batches slower (p95
-    1.53-1.59 s against 1.17 s at 1,000 tps). Batches above it, and every batch on a
-    cluster whose driver should not write data files (``driver_fold_bytes = 0``), are
-    Spark jobs.
+    2026-11-27), in two pairs of runs back to back at 1,000 pgbench transactions a
+    second: the staleness went from 0.69 / 1.46 / 2.17 s (p50 / p95 / max) to 0.54 /
+    1.27 / 1.82 s, and from 0.71 / 1.28 / 1.92 s to 0.47 / 1.21 / 1.98 s. It was off
+    before, when the receiving thread spent 12 µs a transaction and kept a batch that
+    ended waiting up to 50 ms: folding in the driver's process shares its interpreter
+    lock with that thread and with maintenance beside the apply, and then made the
+    slowest batches slower (p95 1.53-1.59 s against 1.17 s at 1,000 tps). Bigger
+    batches (a backlog of 20,000 pgbench transactions: its four tables' tasks read 40
+    MB), and every batch on a cluster whose driver should write no data files
+    (``driver_fold_bytes = 0``), are Spark jobs.
 """
 
 from __future__ import annotations
