@@ -98,7 +98,7 @@ def whole_run(
     )
     n = _whole_before(begins, bad)
     begins, commits = begins[:n], commits[:n]
-    changes = changes[: _changes_before(changes, begins, commits, n)]
+    changes = changes[: _changes_before(changes, commits)]
     if n == 0:
         return None
     sub = frames[start:end]
@@ -115,7 +115,7 @@ def whole_run(
     if m < n:
         n = m
         begins, commits = begins[:n], commits[:n]
-        k = _changes_before(changes, begins, commits, n)
+        k = _changes_before(changes, commits)
         changes, relids, body, fields = changes[:k], relids[:k], body[:k], fields[:n]
         head = head[:n]
         if n == 0:
@@ -145,9 +145,9 @@ def _whole_before(begins: np.ndarray, bad: np.ndarray) -> int:
     return int(np.searchsorted(begins, bad.min(), "right")) - 1
 
 
-def _changes_before(changes: np.ndarray, begins: np.ndarray, commits: np.ndarray, n: int) -> int:
-    """How many of ``changes`` belong to the first ``n`` transactions."""
-    return int(np.searchsorted(changes, commits[n - 1], "left")) if n else 0
+def _changes_before(changes: np.ndarray, commits: np.ndarray) -> int:
+    """How many of ``changes`` belong to the transactions ending at ``commits``."""
+    return int(np.searchsorted(changes, commits[-1], "left")) if len(commits) else 0
 
 
 def _gather(frames: list[memoryview], at: int, width: int) -> bytes:
