@@ -103,6 +103,10 @@ class MaintenanceConfig:
     max_delete_ratio: float = 0.1  # ... or more deleted rows per row in its data files
     file_delete_ratio: float = 0.2  # a data file with this share of rows deleted is rewritten
     max_manifests: int = 32  # merge manifests when a snapshot has more
+    # A compaction whose tasks read at most driver_compact_bytes of files in all runs
+    # on the driver, in the maintenance thread, not as a Spark job (0: always a Spark
+    # job). See maintain/compact.py, SMALL COMPACTIONS.
+    driver_compact_bytes: int = 16 * 1024 * 1024
     retain_snapshots: int = 100  # the newest snapshots expiry keeps
     retain_seconds: float = 3600.0  # ... and every snapshot younger than this
     orphan_grace_seconds: float = 86400.0  # unreferenced files younger than this are kept
@@ -179,6 +183,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "max_delete_ratio": (int, float),
         "file_delete_ratio": (int, float),
         "max_manifests": int,
+        "driver_compact_bytes": int,
         "retain_snapshots": int,
         "retain_seconds": (int, float),
         "orphan_grace_seconds": (int, float),
@@ -421,6 +426,11 @@ def _maintenance(raw: dict[str, Any]) -> MaintenanceConfig:
     for key in ("target_file_size", "max_data_files", "max_delete_files", "max_manifests"):
         if key in raw and raw[key] < 1:
             raise ConfigError(f"maintenance.{key} must be positive", key=f"maintenance.{key}")
+    if raw.get("driver_compact_bytes", 0) < 0:
+        raise ConfigError(
+            "maintenance.driver_compact_bytes must be 0 (always a Spark job) or more",
+            key="maintenance.driver_compact_bytes",
+        )
     if raw.get("retain_snapshots", 1) < 1:
         raise ConfigError(
             "maintenance.retain_snapshots must be at least 1 (the current snapshot)",

@@ -369,6 +369,7 @@ class Maintainer:
             self.spark,
             target_file_size=self.config.target_file_size,
             file_delete_ratio=self.config.file_delete_ratio if ratio is None else ratio,
+            driver_compact_bytes=self.config.driver_compact_bytes,
             dry_run=dry_run,
             guard=guard,
         )

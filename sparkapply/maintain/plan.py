@@ -125,6 +125,14 @@ class CompactionPlan:
         return (*self.rewritten, *self.drop_deletes, *(d.path for d in self.merge_deletes))
 
     @property
+    def input_bytes(self) -> int:
+        """What the plan's tasks read: the rewritten data files, and every live delete
+        file (each rewrite applies them all; the merge reads those it merges)."""
+        return sum(f.file_size_in_bytes for g in self.groups for f in g) + sum(
+            d.file_size_in_bytes for d in self.delete_files
+        )
+
+    @property
     def empty(self) -> bool:
         return not (self.groups or self.drop_deletes or self.merge_deletes)
 

@@ -39,15 +39,34 @@ def run_compact(table: Table, spark: Any, **kw: Any) -> Any:
     return compact(table, lambda: spark, **kw)
 
 
-def test_compaction_keeps_rows_lsn_and_schema(catalog: Catalog, orders: Table, spark: Any) -> None:
+@pytest.mark.parametrize("on_driver", [False, True], ids=["spark-job", "driver"])
+def test_compaction_keeps_rows_lsn_and_schema(
+    catalog: Catalog, orders: Table, spark: Any, on_driver: bool
+) -> None:
+    """The same either way: as a Spark job, or run here for a small plan (the session
+    is then never asked for)."""
     churn(orders, 8)
     before_rows, before_lsn = rows(orders), applied_lsn(orders)
     before_schema = orders.schema()
     before = health(orders)
     assert (before.data_files, before.delete_files) == (8, 7)
     parent = current_snapshot_id(orders)
+    plan = plan_compaction(orders, target_file_size=128 * MiB, file_delete_ratio=0.2)
+    assert plan is not None and plan.input_bytes == before.data_bytes  # every file is read
+    asked: list[bool] = []
 
-    outcome = run_compact(orders, spark)
+    def session() -> Any:
+        asked.append(True)
+        return spark
+
+    outcome = compact(
+        orders,
+        session,
+        target_file_size=128 * MiB,
+        file_delete_ratio=0.2,
+        driver_compact_bytes=plan.input_bytes if on_driver else plan.input_bytes - 1,
+    )
+    assert asked == ([] if on_driver else [True])
 
     table = catalog.load_table(ORDERS)
     assert rows(table) == before_rows

@@ -34,6 +34,7 @@ def test_values_from_the_environment() -> None:
     )
     assert m.retain_snapshots == 7 and m.enabled is False
     assert load({"retain_seconds": 5}).retain_seconds == 5.0
+    assert load({"driver_compact_bytes": 0}).driver_compact_bytes == 0
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,7 @@ def test_values_from_the_environment() -> None:
         ("max_delete_ratio", 1.5, r"\(0, 1\]"),
         ("file_delete_ratio", 0, r"\(0, 1\]"),
         ("orphan_grace_seconds", -1, "0 or more"),
+        ("driver_compact_bytes", -1, r"0 \(always a Spark job\) or more"),
         ("enabled", "yes", "must be bool"),
         ("compact", True, "unknown configuration key maintenance.compact"),
     ],
