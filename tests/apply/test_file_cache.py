@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from sparkapply.apply.write.file_cache import ColumnCache
 
@@ -42,3 +43,22 @@ def test_the_cache_keeps_within_its_bytes(tmp_path: Path) -> None:
     cache.read(big, ["id"])
     cache.read(big, ["id"])
     assert cache.misses == 9
+
+
+def test_a_delete_file_is_kept_grouped_by_the_data_file_it_names(tmp_path: Path) -> None:
+    """Positions come back per data file, whatever order the file lists them in, and
+    a second ask is a hit that cannot be changed by its caller."""
+    path = str(tmp_path / "deletes.parquet")
+    names = ["b.parquet", "a.parquet", "b.parquet", "c.parquet", "a.parquet", "b.parquet"]
+    positions = [7, 3, 1, 0, 9, 4]
+    pq.write_table(pa.table({"file_path": names, "pos": pa.array(positions, pa.int64())}), path)
+    cache = ColumnCache()
+    grouped = cache.positions(path)
+    assert {p: a.tolist() for p, a in grouped.items()} == {
+        "a.parquet": [3, 9],
+        "b.parquet": [7, 1, 4],
+        "c.parquet": [0],
+    }
+    assert cache.positions(path) is grouped and (cache.misses, cache.hits) == (1, 1)
+    with pytest.raises(ValueError, match="read-only"):
+        grouped["a.parquet"][0] = 5

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.write.file_cache import read_columns
+from sparkapply.apply.write.file_cache import deleted_positions, read_columns
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.plan.keys import canonical_keys, comparable
 
@@ -119,6 +119,7 @@ class DeletedPositions:
     def __init__(self, delete_files: Sequence[DeleteFileInfo], wanted: Sequence[str]) -> None:
         self._files = list(delete_files)
         self._wanted = sorted(set(wanted))
+        self._wanted_set = frozenset(self._wanted)
         self._by_path: dict[str, list[np.ndarray]] | None = None
 
     def _load(self) -> dict[str, list[np.ndarray]]:
@@ -126,19 +127,19 @@ class DeletedPositions:
         wanted = self._wanted
         if not wanted:
             return by_path
-        value_set = pa.array(wanted, pa.string())
         for d in self._files:
             i = bisect.bisect_left(wanted, d.lower_path)
             if i >= len(wanted) or wanted[i] > d.upper_path:
                 continue  # names no file this task reads
-            t = read_columns(d.path, ["file_path", "pos"])
-            t = t.filter(pc.is_in(t.column("file_path"), value_set=value_set))
-            if t.num_rows == 0:
-                continue
-            paths = t.column("file_path").to_numpy(zero_copy_only=False)
-            pos = t.column("pos").to_numpy(zero_copy_only=False)
-            for p in np.unique(paths).tolist():
-                by_path.setdefault(p, []).append(pos[paths == p])
+            named = deleted_positions(d.path)
+            few, many = (
+                (named.keys(), self._wanted_set)
+                if len(named) <= len(self._wanted_set)
+                else (self._wanted_set, named.keys())
+            )
+            for p in few:
+                if p in many:
+                    by_path.setdefault(p, []).append(named[p])
         return by_path
 
     def of(self, path: str) -> np.ndarray:
