@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from sparkapply.apply.write.parquet import read_parquet
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.sink.files import LiveFileCache, LiveFiles, data_file_infos, delete_file_infos
+from sparkapply.sink.manifest_reads import READS
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -94,7 +95,7 @@ def health(table: Table) -> Health:
     live_share = 1 - deletes / records if records else 1.0
     return Health(
         snapshots=len(table.metadata.snapshots),
-        manifests=len(snapshot.manifests(table.io)),
+        manifests=len(READS.manifests(snapshot, table.io)),
         data_files=total("total-data-files"),
         delete_files=total("total-delete-files"),
         records=records,

@@ -129,7 +129,7 @@ def live_files(table: Table) -> LiveFiles:
     snapshot = table.current_snapshot()
     if snapshot is None:
         return live
-    for manifest in snapshot.manifests(table.io):
+    for manifest in READS.manifests(snapshot, table.io):
         if manifest.has_added_files() or manifest.has_existing_files():
             _read_manifest(table, manifest).add_to(live)
     return live

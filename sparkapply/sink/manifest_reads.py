@@ -7,6 +7,11 @@ files: the snapshots kept last time are this time's expired or kept ones. A mani
 list or manifest is never rewritten (a new snapshot writes new ones under new names),
 so what a read returned stays true for as long as anyone asks, and is kept by path.
 Bounded (least recently used first out): a run reads again what no longer fits.
+
+A manifest list this process wrote is kept as written (:meth:`ManifestReads.wrote_list`,
+the manifests as the list's writer recorded them): the next batch's snapshot lists its
+parent's manifests, the listing of live files and maintenance's health read them, and
+reading back the list just written was a sixth of staging a table's snapshot.
 """
 
 from __future__ import annotations
@@ -78,6 +83,14 @@ class ManifestReads:
             while len(self._lists) > self.max_lists:
                 self._lists.popitem(last=False)
         return manifests
+
+    def wrote_list(self, path: str, manifests: tuple[ManifestFile, ...]) -> None:
+        """Keep the manifest list this process wrote at ``path``: ``manifests`` as its
+        writer recorded them (sequence numbers assigned), what a read would return."""
+        with self._lock:
+            self._lists[path] = manifests
+            while len(self._lists) > self.max_lists:
+                self._lists.popitem(last=False)
 
     def entries(self, manifest: ManifestFile, io: FileIO) -> list[Entry]:
         """Every file ``manifest``'s entries name, DELETED ones included."""

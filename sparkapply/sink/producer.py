@@ -81,6 +81,7 @@ from pyiceberg.table.update import (
 from pyiceberg.typedef import Record
 
 from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
+from sparkapply.sink.manifest_reads import READS
 
 _LONG = struct.Struct("<q")
 
@@ -181,7 +182,7 @@ class SnapshotProducer(abc.ABC):
         """The parent's manifests that hold live entries (ADDED or EXISTING)."""
         if self.parent is None:
             return
-        for manifest in self.parent.manifests(self.io):
+        for manifest in READS.manifests(self.parent, self.io):
             if manifest.has_added_files() or manifest.has_existing_files():
                 yield manifest
 
@@ -200,6 +201,7 @@ class SnapshotProducer(abc.ABC):
             avro_compression=self.compression,
         ) as manifest_list:
             manifest_list.add_manifests(manifests)
+        READS.wrote_list(list_path, tuple(manifest_list.prepare_manifest(m) for m in manifests))
         snapshot = Snapshot(
             snapshot_id=self.snapshot_id,
             parent_snapshot_id=self.parent_id,

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import ManifestFile, read_manifest_list
 from pyiceberg.table import Table
 
+from sparkapply.apply.write.parquet import TableWriter
+from sparkapply.datafiles import data_directory
 from sparkapply.lsn import Lsn
-from sparkapply.sink import applied_lsn, commit_files, read_table
+from sparkapply.sink import applied_lsn, commit_files, current_data_files, read_table
 from sparkapply.sink.maintenance import expire_and_delete, referenced_files
 from sparkapply.sink.manifest_reads import READS, ManifestReads
 
 from .conftest import ORDERS
-from .executor_files import write_orders
+from .executor_files import ORDERS_ARROW, write_orders
 
 NOW = dt.datetime.now(dt.UTC) + dt.timedelta(days=365)
 
@@ -79,3 +83,51 @@ def test_live_entries_are_parsed_once_and_bounded(orders: Table) -> None:
         [e.data_file.file_path for e in x] for x in fresh
     ]
     assert reads._live.count <= 8
+
+
+def test_a_list_this_process_wrote_is_kept_as_a_read_would_return_it(
+    catalog: Catalog, orders: Table
+) -> None:
+    """Row deltas (the producer's snapshots) keep the lists they write; what is kept is
+    field for field what reading the list back returns, sequence numbers included."""
+    first = write_orders(orders, [1, 2, 3])
+    commit_files(orders, added=[first], lsn=Lsn(1))
+    data = current_data_files(orders)[0].path
+    for lsn, pos in ((2, 0), (3, 1)):
+        deletes = TableWriter(data_directory(orders), ORDERS_ARROW).write_deletes(
+            {data: np.array([pos], np.int64)}
+        )
+        assert deletes is not None
+        commit_files(
+            orders, added=[write_orders(orders, [10 + lsn])], deletes=[deletes], lsn=Lsn(lsn)
+        )
+        snapshot = orders.current_snapshot()
+        assert snapshot is not None
+        before = READS.reads
+        kept = READS.manifests(snapshot, orders.io)
+        assert READS.reads == before  # not read: kept when written
+        read = tuple(read_manifest_list(orders.io.new_input(snapshot.manifest_list)))
+        assert [_fields(m) for m in kept] == [_fields(m) for m in read]
+        assert {m.sequence_number for m in kept} >= {snapshot.sequence_number}
+    assert sorted(read_table(catalog.load_table(ORDERS)).column("id").to_pylist()) == [3, 12, 13]
+
+
+def _fields(manifest: ManifestFile) -> dict[str, object]:
+    return {
+        name: getattr(manifest, name)
+        for name in (
+            "manifest_path",
+            "manifest_length",
+            "partition_spec_id",
+            "content",
+            "sequence_number",
+            "min_sequence_number",
+            "added_snapshot_id",
+            "added_files_count",
+            "existing_files_count",
+            "deleted_files_count",
+            "added_rows_count",
+            "existing_rows_count",
+            "deleted_rows_count",
+        )
+    }
