@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
+from pyiceberg.table.update import update_table_metadata
 
 from sparkapply.lsn import Lsn
 from sparkapply.sink import (
@@ -20,7 +21,7 @@ from sparkapply.sink import (
     open_catalog,
     read_table,
 )
-from sparkapply.sink.atomic import atomic_commits, commit_mode, commit_together
+from sparkapply.sink.atomic import _updated, atomic_commits, commit_mode, commit_together
 from sparkapply.sink.commit import StagedSnapshot, stage_files
 from tests.conftest import PgServer
 from tests.mirror import assert_readers_agree
@@ -76,6 +77,25 @@ def test_a_batch_lands_in_every_table_at_once(sql_catalog: Catalog) -> None:
         with Readers() as readers:
             assert_readers_agree(".".join(ident), fresh, read_table(fresh), readers)
     assert orders.metadata_location == sql_catalog.load_table(ORDERS).metadata_location
+
+
+def test_the_metadata_written_is_what_pyiceberg_would_write(sql_catalog: Catalog) -> None:
+    """The batch's metadata is pyiceberg's updates applied without its deep copy: the
+    same metadata, the metadata log included, and the table held is not changed."""
+    orders = ensure_table(sql_catalog, ORDERS, orders_schema())
+    commit_together(sql_catalog, [stage(orders, [1], 10)])
+    staged = stage(orders, [2], 20)
+    held = orders.metadata.model_dump()
+    ours = _updated(orders, staged.delta.updates)
+    theirs = update_table_metadata(
+        orders.metadata, staged.delta.updates, metadata_location=orders.metadata_location
+    )
+    assert ours.model_dump() == theirs.model_dump()
+    assert ours.metadata_log[-1].metadata_file == orders.metadata_location
+    assert len(ours.metadata_log) == len(orders.metadata.metadata_log) + 1
+    assert orders.metadata.model_dump() == held
+    commit_together(sql_catalog, [staged])
+    assert sql_catalog.load_table(ORDERS).metadata.model_dump() == ours.model_dump()
 
 
 def test_a_table_that_moved_fails_the_whole_batch(sql_catalog: Catalog, tmp_path: Path) -> None:
