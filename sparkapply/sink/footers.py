@@ -1,21 +1,41 @@
 """The data files a commit adds, described for their manifest entries.
 
 Executors write plain Parquet (no field ids). Before a commit the driver reads each new
-file's footer with pyiceberg's ``parquet_file_to_data_file``: the statistics the
-manifest entry records, and the check that the file's columns match the table's schema
-through its name mapping (``tables.py``). The reads run in parallel on pyiceberg's
-shared thread pool, one footer read per file. A file that is missing, unreadable or
-does not match is refused before the catalog is asked: nothing is committed.
+file's footer as pyiceberg's ``parquet_file_to_data_file`` does (:func:`_describe`): the
+statistics the manifest entry records, and the check that the file's columns match the
+table's schema through its name mapping (``tables.py``). The reads run in parallel on
+pyiceberg's shared thread pool, one footer read per file. A file that is missing,
+unreadable or does not match is refused before the catalog is asked: nothing is
+committed.
+
+Every file a table's batch adds has the same Arrow schema batch after batch, so the
+check is made once per table schema and file schema, and the statistics plan once per
+table schema and properties (:class:`_Checks`): converting and comparing the schemas
+again for every file was a third of describing it, on a thread that shares the
+interpreter lock with the apply. The size comes from the opened file, not another
+look-up.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 
-from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException, parquet_file_to_data_file
-from pyiceberg.manifest import DataFile, DataFileContent
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import (
+    StatisticsCollector,
+    UnsupportedPyArrowTypeException,
+    _check_pyarrow_schema_compatible,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.utils.concurrent import ExecutorFactory
 
 from sparkapply import location
@@ -98,5 +118,84 @@ def _footers(table: Table, paths: Sequence[str]) -> Iterator[tuple[str, Future[D
     """Every footer read submitted at once; each path with its pending result."""
     metadata, io = table.metadata, table.io
     executor = ExecutorFactory.get_or_create()
-    futures = [executor.submit(parquet_file_to_data_file, io, metadata, p) for p in paths]
+    futures = [executor.submit(_describe, io, metadata, p) for p in paths]
     yield from zip(paths, futures, strict=True)
+
+
+_StatsPlan = tuple[dict[int, StatisticsCollector], dict[str, int]]
+
+
+class _Checks:
+    """Schema checks passed and statistics plans, by table schema (see the module doc).
+    A check that fails is not kept: the next file is checked again."""
+
+    def __init__(self) -> None:
+        self._passed: set[tuple[str, int, int, pa.Schema]] = set()
+        self._plans: dict[tuple[str, int, tuple[tuple[str, str], ...]], _StatsPlan] = {}
+        self._lock = threading.Lock()
+
+    def check(self, metadata: TableMetadata, file_schema: pa.Schema) -> None:
+        key = (
+            str(metadata.table_uuid),
+            metadata.current_schema_id,
+            metadata.format_version,
+            file_schema,
+        )
+        with self._lock:
+            if key in self._passed:
+                return
+        _check_pyarrow_schema_compatible(
+            metadata.schema(), file_schema, format_version=metadata.format_version
+        )
+        with self._lock:
+            self._passed.add(key)
+
+    def plan(self, metadata: TableMetadata) -> _StatsPlan:
+        key = (
+            str(metadata.table_uuid),
+            metadata.current_schema_id,
+            tuple(sorted(metadata.properties.items())),
+        )
+        with self._lock:
+            found = self._plans.get(key)
+        if found is None:
+            schema = metadata.schema()
+            found = (
+                compute_statistics_plan(schema, metadata.properties),
+                parquet_path_to_id_mapping(schema),
+            )
+            with self._lock:
+                self._plans[key] = found
+        return found
+
+
+_CHECKS = _Checks()
+
+
+def _describe(io: FileIO, metadata: TableMetadata, path: str) -> DataFile:
+    """pyiceberg's ``parquet_file_to_data_file``, with the schema check and the
+    statistics plan made once per table schema (see the module doc)."""
+    file = io.new_input(path)
+    with file.open() as stream:
+        footer = pq.read_metadata(stream)
+        size_of = getattr(stream, "size", None)  # a pyarrow NativeFile's; fsspec's is not
+        size = size_of() if callable(size_of) else len(file)
+    _CHECKS.check(metadata, footer.schema.to_arrow_schema())
+    stats_columns, column_ids = _CHECKS.plan(metadata)
+    statistics = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=footer,
+        stats_columns=stats_columns,
+        parquet_column_mapping=column_ids,
+    )
+    return DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=statistics.partition(metadata.spec(), metadata.schema()),
+        file_size_in_bytes=int(size),
+        sort_order_id=None,
+        spec_id=metadata.default_spec_id,
+        equality_ids=None,
+        key_metadata=None,
+        **statistics.to_serialized_dict(),
+    )

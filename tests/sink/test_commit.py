@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table
 
 from sparkapply.datafiles import data_directory
@@ -32,6 +33,7 @@ from sparkapply.sink import (
     remove_orphans,
 )
 from sparkapply.sink.files import delete_file_infos, live_files
+from sparkapply.sink.footers import _describe, as_table_uri
 
 from .conftest import ORDERS
 from .executor_files import ORDERS_ARROW, UTC, order, to_arrow, write_data_file, write_orders
@@ -422,3 +424,25 @@ def test_a_commit_with_an_unknown_outcome_says_so(
     table = catalog.load_table(ORDERS)
     assert applied_lsn(table) is None  # the restart path: it did not land, replay
     assert remove_orphans(table, [path]) == [path]
+
+
+def test_a_file_is_described_as_pyiceberg_describes_it_and_checked_every_time(
+    orders: Table,
+) -> None:
+    """The description kept per table schema is pyiceberg's, field for field; a file
+    whose schema differs from one that passed is still refused."""
+    first = as_table_uri(write_orders(orders, [1, 2, 3]), orders)
+    ours = _describe(orders.io, orders.metadata, first)
+    theirs = parquet_file_to_data_file(orders.io, orders.metadata, first)
+    assert ours == theirs and ours.file_size_in_bytes == os.path.getsize(local(first))
+    commit_files(orders, added=[first], lsn=Lsn("0/10"))
+    again = as_table_uri(write_orders(orders, [4]), orders)  # the check kept: same answer
+    assert _describe(orders.io, orders.metadata, again) == parquet_file_to_data_file(
+        orders.io, orders.metadata, again
+    )
+    nullable = ORDERS_ARROW.set(0, pa.field("id", pa.int64(), nullable=True))
+    bad = write_data_file(orders, to_arrow([order(5)], ORDERS_ARROW).cast(nullable))
+    with pytest.raises(SinkError, match="does not match") as info:
+        commit_files(orders, added=[bad], lsn=Lsn("0/20"))
+    assert info.value.context["file"] == as_table_uri(bad, orders)
+    assert ids(orders) == [1, 2, 3]
