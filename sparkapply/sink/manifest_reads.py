@@ -12,6 +12,9 @@ A manifest list this process wrote is kept as written (:meth:`ManifestReads.wrot
 the manifests as the list's writer recorded them): the next batch's snapshot lists its
 parent's manifests, the listing of live files and maintenance's health read them, and
 reading back the list just written was a sixth of staging a table's snapshot.
+
+Reads go through ``avro_reads.py``: pyiceberg's reads, with each file schema's Avro
+reader built once.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Generic, TypeVar
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table.snapshots import Snapshot
+
+from sparkapply.sink.avro_reads import manifest_entries, manifest_list
 
 Entry = tuple[str, int, bool]
 """A file a manifest names: its path, size in bytes, and whether the entry is live
@@ -76,7 +81,7 @@ class ManifestReads:
         found = _kept(self._lists, path, self._lock)
         if found is not None:
             return found
-        manifests = tuple(snapshot.manifests(io))
+        manifests = manifest_list(path, io)
         with self._lock:
             self.reads += 1
             self._lists[path] = manifests
@@ -104,7 +109,7 @@ class ManifestReads:
                 e.data_file.file_size_in_bytes,
                 e.status != ManifestEntryStatus.DELETED,
             )
-            for e in manifest.fetch_manifest_entry(io, discard_deleted=False)
+            for e in manifest_entries(manifest, io, discard_deleted=False)
         ]
         with self._lock:
             self.reads += 1
@@ -118,7 +123,7 @@ class ManifestReads:
         found = _kept(self._live.by_path, path, self._lock)
         if found is not None:
             return found
-        entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
+        entries = manifest_entries(manifest, io, discard_deleted=True)
         with self._lock:
             self.reads += 1
             self._live.keep(path, entries)
