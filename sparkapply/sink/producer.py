@@ -17,7 +17,8 @@ THE STEPS
    snapshot), the parent's entries as DELETED or EXISTING (both keeping their own
    sequence numbers, so every position delete applies to exactly the data files it
    applied to before), the summary collector fed as they are written. A delete
-   manifest declares content ``deletes`` (:class:`DeleteManifestWriter`).
+   manifest declares content ``deletes`` (:class:`DeleteManifestWriter`). The writers
+   are pyiceberg's, with their Avro writers kept (``avro_writes.py``).
 3. The summary: pyiceberg's collector (added/removed files, records, position
    deletes), then the subclass's properties (``sparkapply.lsn``), with totals carried
    from the parent's summary.
@@ -58,8 +59,6 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
     ManifestWriter,
-    ManifestWriterV2,
-    write_manifest_list,
 )
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -81,6 +80,11 @@ from pyiceberg.table.update import (
 from pyiceberg.typedef import Record
 
 from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
+from sparkapply.sink.avro_writes import (
+    DataManifestWriter,
+    DeleteManifestWriter,
+    ManifestListWriterV2Kept,
+)
 from sparkapply.sink.manifest_reads import READS
 
 _LONG = struct.Struct("<q")
@@ -119,17 +123,6 @@ def position_delete_file(info: DeleteFileInfo, spec_id: int) -> DataFile:
     )
     data_file.spec_id = spec_id
     return data_file
-
-
-class DeleteManifestWriter(ManifestWriterV2):
-    """pyiceberg's v2 manifest writer, declaring ``deletes`` content."""
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
 
 
 def _removes_all(_data_file: DataFile) -> bool:
@@ -192,13 +185,12 @@ class SnapshotProducer(abc.ABC):
         manifests = self._manifests()
         summary = self._summary()
         list_path = self._new_path(f"snap-{self.snapshot_id}-0-{self._commit_uuid}.avro")
-        with write_manifest_list(
-            format_version=2,
+        with ManifestListWriterV2Kept(
             output_file=self.io.new_output(list_path),
             snapshot_id=self.snapshot_id,
             parent_snapshot_id=self.parent_id,
             sequence_number=self.sequence_number,
-            avro_compression=self.compression,
+            compression=self.compression,
         ) as manifest_list:
             manifest_list.add_manifests(manifests)
         READS.wrote_list(list_path, tuple(manifest_list.prepare_manifest(m) for m in manifests))
@@ -234,7 +226,7 @@ class SnapshotProducer(abc.ABC):
         """One manifest of ``content``: ``added`` files as ADDED, then the parent's
         ``carried`` entries as DELETED where ``removes`` says so, else as EXISTING."""
         path = self._new_path(f"{self._commit_uuid}-{self.manifest_prefix}{len(self.written)}.avro")
-        cls = DeleteManifestWriter if content == ManifestContent.DELETES else ManifestWriterV2
+        cls = DeleteManifestWriter if content == ManifestContent.DELETES else DataManifestWriter
         writer: ManifestWriter = cls(
             self.spec, self.schema, self.io.new_output(path), self.snapshot_id, self.compression
         )

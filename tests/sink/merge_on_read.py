@@ -28,7 +28,7 @@ from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSn
 from pyiceberg.typedef import Record
 
 from sparkapply.datafiles import data_directory
-from sparkapply.sink.producer import DeleteManifestWriter
+from sparkapply.sink.avro_writes import DeleteManifestWriter
 
 
 def delete_row(table: Table, data_file: str, position: int) -> None:
