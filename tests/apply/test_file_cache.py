@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkapply.apply.write.file_cache import ColumnCache
+from sparkapply.apply.write.parquet import read_parquet
 
 
 def write(path: Path, n: int) -> str:
@@ -62,3 +63,15 @@ def test_a_delete_file_is_kept_grouped_by_the_data_file_it_names(tmp_path: Path)
     assert cache.positions(path) is grouped and (cache.misses, cache.hits) == (1, 1)
     with pytest.raises(ValueError, match="read-only"):
         grouped["a.parquet"][0] = 5
+
+
+def test_read_parquet_gives_the_columns_asked_in_order_and_nulls_for_new_ones(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "a.parquet", 3)
+    assert read_parquet(path).column_names == ["id", "v"]
+    both = read_parquet(path, ["v", "id"])
+    assert both.column_names == ["v", "id"] and both.column("id").to_pylist() == [0, 1, 2]
+    added = read_parquet(path, ["id", "added_later"])
+    assert added.column_names == ["id", "added_later"]
+    assert added.column("added_later").to_pylist() == [None, None, None]
