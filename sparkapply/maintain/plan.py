@@ -33,9 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow.compute as pc
-
-from sparkapply.apply.write.parquet import read_parquet
+from sparkapply.apply.write.file_cache import deleted_positions
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.sink.files import LiveFileCache, LiveFiles, data_file_infos, delete_file_infos
 from sparkapply.sink.manifest_reads import READS
@@ -198,11 +196,8 @@ def _named_paths(d: DeleteFileInfo) -> Counter[str]:
 # plan (a hot table's plan named the same 15-30 delete files run after run).
 @functools.lru_cache(maxsize=8192)
 def _named_in(path: str) -> Counter[str]:
-    column = read_parquet(path, ["file_path"]).column("file_path")
-    counts = pc.value_counts(column)
-    return Counter(
-        {str(v["values"]): int(v["counts"]) for v in counts.to_pylist() if v["values"] is not None}
-    )
+    # The positions the apply's locate already grouped, when it read this file here.
+    return Counter({p: len(positions) for p, positions in deleted_positions(path).items()})
 
 
 def _tiered(

@@ -29,6 +29,7 @@ from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkapply.apply.write.parquet import read_parquet
 
@@ -94,7 +95,9 @@ _POSITION = ["file_path", "pos"]
 
 def _grouped(t: pa.Table) -> Positions:
     """Each named data file's positions, in the file's order (sorted, as the spec asks
-    a writer to; not relied upon)."""
+    a writer to; not relied upon). A null path (the spec requires one) names nothing."""
+    if t.column("file_path").null_count:
+        t = t.filter(pc.is_valid(t.column("file_path")))
     paths = t.column("file_path").combine_chunks().dictionary_encode()
     codes = paths.indices.to_numpy(zero_copy_only=False)
     pos = t.column("pos").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
