@@ -41,6 +41,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from sparkapply.config import MaintenanceConfig
 from sparkapply.errors import CommitConflictError, ErrorKind, SparkapplyError
 from sparkapply.maintain.compact import CompactionOutcome, compact
@@ -215,9 +217,10 @@ class Maintainer:
         """
         reports = []
         for ident in tables:
-            if not self.catalog.table_exists(ident):
+            try:
+                report = self._run(ident, dry_run=False, due_only=True)
+            except NoSuchTableError:
                 continue  # not created yet: its first batch creates it
-            report = self._run(ident, dry_run=False, due_only=True)
             if report is not None:
                 reports.append(report)
                 if report.committed and on_commit is not None:
