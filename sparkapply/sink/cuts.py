@@ -36,13 +36,15 @@ subscriber of another refuses to start on it; each needs its own ``cuts_table``.
 
 WHICH CUTS ARE KEPT, AND WHAT THEY PROTECT
 
-Every cut of the last :data:`DENSE_SECONDS`; before that, the last cut of each minute
-(and every cut asked for by LSN), up to ``[maintenance] retain_seconds``; the newest
-cut always. Expiry never removes a snapshot a kept cut names (:meth:`CutLog.protected`),
-so a kept cut can always be read; thinning keeps that from holding one snapshot per
-batch for an hour (a table's metadata, rewritten at every commit, grows with its
-snapshots). The cuts table is rewritten to the kept cuts when it has more than
-:data:`MAX_FILES` data files.
+Every cut of the last :data:`DENSE_SECONDS`, up to the newest :data:`DENSE_CUTS` of
+them; before that, the last cut of each minute (and every cut asked for by LSN), up to
+``[maintenance] retain_seconds``; the newest cut always. Expiry never removes a
+snapshot a kept cut names (:meth:`CutLog.protected`), so a kept cut can always be read;
+thinning keeps that from holding one snapshot per batch for an hour (a table's
+metadata, rewritten at every commit, grows with its snapshots). A reader has a cut's
+snapshots for a minute, or for :data:`DENSE_CUTS` batches when they come faster (15 s
+at eight a second); to read one longer, tag it. The cuts table is rewritten to the
+kept cuts when it has more than :data:`MAX_FILES` data files.
 """
 
 from __future__ import annotations
@@ -86,11 +88,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_CUTS_TABLE = "sparkapply.cuts"
 SOURCE_PROPERTY = "sparkapply.source"
 """Cuts table property: the publisher whose cuts it holds (see ONE PUBLISHER A CUTS TABLE)."""
-# Every cut younger than this is kept. Each kept cut keeps a snapshot of every hot
-# table, and a table's metadata (copied and rewritten at each commit) grows with its
-# snapshots: at two batches a second a minute is 120 of them, about what the apply's
-# own expiry keeps anyway ([sink] retain_snapshots).
+# Every cut younger than this is kept, up to the newest DENSE_CUTS of them. Each kept
+# cut keeps a snapshot of every hot table, and a table's metadata (rewritten at each
+# commit, read at each load) grows with its snapshots: at two batches a second a minute
+# is 120 of them, about what the apply's own expiry keeps anyway ([sink]
+# retain_snapshots). Small batches now come eight a second at 300 pgbench transactions
+# a second: a minute of them was 480 snapshots a table, 400 kB of metadata written per
+# table and batch, and the mirror twice as stale at 1,000 tps after it (bench/README.md).
 DENSE_SECONDS = 60.0
+DENSE_CUTS = 120
 THIN_SECONDS = 60.0  # older ones: the last of each such interval
 MAX_FILES = 64  # the cuts table is rewritten to the kept cuts beyond this
 
@@ -142,6 +148,9 @@ def kept(cuts: Sequence[Cut], now: dt.datetime, retain_seconds: float) -> list[C
     ordered = sorted(cuts, key=lambda c: c.lsn)
     newest = ordered[-1]
     dense_from = now - dt.timedelta(seconds=DENSE_SECONDS)
+    recent = [c for c in ordered if c.recorded_at >= dense_from]
+    if len(recent) > DENSE_CUTS:  # more than DENSE_CUTS a minute: the newest of them
+        dense_from = recent[-DENSE_CUTS].recorded_at
     retain_from = now - dt.timedelta(seconds=retain_seconds)
     last_of_interval: dict[int, Cut] = {}
     for cut in ordered:

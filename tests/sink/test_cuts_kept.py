@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sparkapply.lsn import Lsn
-from sparkapply.sink.cuts import DENSE_SECONDS, THIN_SECONDS, Cut, kept
+from sparkapply.sink.cuts import DENSE_CUTS, DENSE_SECONDS, THIN_SECONDS, Cut, kept
 
 NOW = dt.datetime(2026, 11, 24, 12, 0, tzinfo=dt.UTC)
 
@@ -46,3 +46,19 @@ def test_requested_cuts_stay_until_retain_seconds_and_the_newest_always() -> Non
     only_old = [cut(1, 9000), cut(2, 8000)]
     assert [c.lsn for c in kept(only_old, NOW, retain_seconds=3600)] == [2]
     assert kept([], NOW, retain_seconds=3600) == []
+
+
+def test_at_most_dense_cuts_of_the_last_minute_are_kept_whole() -> None:
+    """Ten cuts a second for the last 100 s: the newest DENSE_CUTS of them, then the
+    last of each minute before those."""
+    cuts = [cut(i, 100 - i / 10) for i in range(1000)]
+    out = kept(cuts, NOW, retain_seconds=3600)
+    newest = cuts[-DENSE_CUTS:]
+    assert all(c in out for c in newest)
+    older = [c for c in out if c not in newest]
+    start = newest[0].recorded_at
+    assert all(c.recorded_at < start for c in older)
+    # One per minute before them: the last of each, never more than one.
+    buckets = [int(c.recorded_at.timestamp() // THIN_SECONDS) for c in older]
+    assert len(buckets) == len(set(buckets)) and 1 <= len(older) <= 2
+    assert len(out) <= DENSE_CUTS + 2
