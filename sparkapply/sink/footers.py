@@ -122,6 +122,8 @@ def _footers(table: Table, paths: Sequence[str]) -> Iterator[tuple[str, Future[D
     yield from zip(paths, futures, strict=True)
 
 
+_MAX_KEPT = 4096  # checks and plans kept: far more than tables x schemas
+
 _StatsPlan = tuple[dict[int, StatisticsCollector], dict[str, int]]
 
 
@@ -148,6 +150,8 @@ class _Checks:
             metadata.schema(), file_schema, format_version=metadata.format_version
         )
         with self._lock:
+            if len(self._passed) >= _MAX_KEPT:  # schemas come and go: start over
+                self._passed.clear()
             self._passed.add(key)
 
     def plan(self, metadata: TableMetadata) -> _StatsPlan:
@@ -165,6 +169,8 @@ class _Checks:
                 parquet_path_to_id_mapping(schema),
             )
             with self._lock:
+                if len(self._plans) >= _MAX_KEPT:
+                    self._plans.clear()
                 self._plans[key] = found
         return found
 
