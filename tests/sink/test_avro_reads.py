@@ -10,8 +10,10 @@ from pyiceberg.table import Table
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.datafiles import data_directory
 from sparkapply.lsn import Lsn
-from sparkapply.sink import commit_files, current_data_files
+from sparkapply.sink import commit_files, current_data_files, read_table
 from sparkapply.sink.avro_reads import _READERS, manifest_entries, manifest_list
+from tests.mirror import assert_readers_agree
+from tests.readers import Readers
 
 from .executor_files import ORDERS_ARROW, write_orders
 
@@ -78,6 +80,10 @@ def test_reads_are_pyiceberg_reads(orders: Table) -> None:
                 want = manifest.fetch_manifest_entry(orders.io, discard_deleted=discard)
                 assert [_entry(e) for e in got] == [_entry(e) for e in want]
     assert len(kinds) == 2  # data and delete manifests were both read
+    rows = read_table(orders)
+    assert sorted(rows.column("id").to_pylist()) == [5]
+    with Readers() as readers:  # the manifests written with kept writers, read by all
+        assert_readers_agree("public.orders", orders, rows, readers)
     built = len(_READERS._built)
     manifest_list(orders.metadata.snapshots[-1].manifest_list, orders.io)
     assert len(_READERS._built) == built  # the same schemas: no reader built again

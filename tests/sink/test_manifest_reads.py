@@ -16,6 +16,8 @@ from sparkapply.lsn import Lsn
 from sparkapply.sink import applied_lsn, commit_files, current_data_files, read_table
 from sparkapply.sink.maintenance import expire_and_delete, referenced_files
 from sparkapply.sink.manifest_reads import READS, ManifestReads
+from tests.mirror import assert_readers_agree
+from tests.readers import Readers
 
 from .conftest import ORDERS
 from .executor_files import ORDERS_ARROW, write_orders
@@ -109,7 +111,11 @@ def test_a_list_this_process_wrote_is_kept_as_a_read_would_return_it(
         read = tuple(read_manifest_list(orders.io.new_input(snapshot.manifest_list)))
         assert [_fields(m) for m in kept] == [_fields(m) for m in read]
         assert {m.sequence_number for m in kept} >= {snapshot.sequence_number}
-    assert sorted(read_table(catalog.load_table(ORDERS)).column("id").to_pylist()) == [3, 12, 13]
+    fresh = catalog.load_table(ORDERS)
+    rows = read_table(fresh)
+    assert sorted(rows.column("id").to_pylist()) == [3, 12, 13]
+    with Readers() as readers:
+        assert_readers_agree("public.orders", fresh, rows, readers)
 
 
 def _fields(manifest: ManifestFile) -> dict[str, object]:
