@@ -14,10 +14,11 @@ tables agree with each other as they did on the publisher::
     orders = catalog.load_table("public.orders").scan(snapshot_id=ids["public.orders"])
 
 Tables are named ``<pg schema>.<pg table>``; :func:`latest_cut` also says which Iceberg
-table each is (``[sink.tables]`` may rename them). Cuts of the last minute, and
-the last cut of each minute before that (up to ``[maintenance] retain_seconds``), are
-kept, and expiry keeps every snapshot they name. A cut at an exact LSN is asked of
-the running mirror by ``sparkapply cut --at-lsn`` (``sparkapply/commands/cut.py``).
+table each is (``[sink.tables]`` may rename them). Cuts of the last minute (at most
+the newest 120), and the last cut of each minute before that (up to ``[maintenance]
+retain_seconds``), are kept, and expiry keeps every snapshot they name. A cut at an
+exact LSN is asked of the running mirror by ``sparkapply cut --at-lsn``
+(``sparkapply/commands/cut.py``).
 """
 
 from __future__ import annotations
