@@ -84,9 +84,7 @@ class ManifestReads:
         manifests = manifest_list(path, io)
         with self._lock:
             self.reads += 1
-            self._lists[path] = manifests
-            while len(self._lists) > self.max_lists:
-                self._lists.popitem(last=False)
+        self.wrote_list(path, manifests)
         return manifests
 
     def wrote_list(self, path: str, manifests: tuple[ManifestFile, ...]) -> None:
