@@ -16,6 +16,15 @@ its candidate files they delete, and grouping them again every time (a string un
 and a mask per data file) was half the time spent locating keys at 1,000 pgbench
 transactions a second.
 
+A big file's integer key is also kept sorted (:func:`key_index`): a batch of a few
+thousand keys against a table of a million rows searched each of the file's values
+in the batch's keys, a fifth of the race's scatter batch on the driver in a profile
+(py-spy), and built a live-row mask of the whole file. Searching the batch's keys in
+the file's sorted values is a few thousand binary searches: 20,000 keys in a file of a
+million rows with 40 delete files naming it, timed ad hoc, took 102 ms scanned and
+11 ms searched when the file's keys are in random order, 35 and 10 ms when they are
+in order. The sort is paid once per file, not once per batch.
+
 The cache holds at most ``MAX_BYTES`` of Arrow and NumPy data, least recently used out
 first; a read larger than a quarter of that is not kept.
 """
@@ -25,6 +34,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import numpy as np
@@ -39,13 +49,38 @@ MAX_BYTES = 64 * 1024 * 1024
 Positions: TypeAlias = Mapping[str, np.ndarray]
 """A delete file's positions (int64, as written) by the data file they name."""
 
-_Value: TypeAlias = pa.Table | Positions
+
+@dataclass(frozen=True, slots=True)
+class KeyIndex:
+    """A data file's integer key column, sorted: ``values[i]`` is at row ``rows[i]``."""
+
+    values: np.ndarray  # int64, ascending
+    rows: np.ndarray  # int64 positions in the file
+
+    def positions(self, keys: np.ndarray) -> np.ndarray:
+        """The rows holding one of ``keys`` (int64, ascending), ascending."""
+        lo = np.searchsorted(self.values, keys, "left")
+        hi = np.searchsorted(self.values, keys, "right")
+        n = hi - lo
+        if not n.any():
+            return np.zeros(0, np.int64)
+        if n.max() == 1:  # a key at most once in the file: the usual case
+            at = self.rows[lo[n == 1]]
+        else:
+            at = np.concatenate([self.rows[a:b] for a, b in zip(lo[n > 0], hi[n > 0], strict=True)])
+        return np.sort(at)
+
+
+_Value: TypeAlias = pa.Table | Positions | KeyIndex
 _GROUPED = ("\0grouped",)  # the key of a delete file's grouped positions
+_INDEX = "\0index"  # with a column name, the key of its KeyIndex
 
 
 def _nbytes(value: _Value) -> int:
     if isinstance(value, pa.Table):
         return int(value.nbytes)
+    if isinstance(value, KeyIndex):
+        return int(value.values.nbytes + value.rows.nbytes)
     return sum(len(p) + a.nbytes for p, a in value.items())
 
 
@@ -67,7 +102,17 @@ class ColumnCache:
     def positions(self, path: str) -> Positions:
         """The positions the delete file at ``path`` deletes, by data file."""
         value = self._get((path, _GROUPED), lambda: _grouped(read_parquet(path, _POSITION)))
-        assert not isinstance(value, pa.Table)
+        assert not isinstance(value, pa.Table | KeyIndex)
+        return value
+
+    def key_index(self, path: str, column: str) -> KeyIndex | None:
+        """The integer ``column`` of the data file at ``path``, sorted; None when the
+        column is not integers without nulls (the caller searches it as it is)."""
+        col = self.read(path, [column]).column(column)
+        if not pa.types.is_signed_integer(col.type) or col.null_count:
+            return None
+        value = self._get((path, (_INDEX, column)), lambda: _sorted(col))
+        assert isinstance(value, KeyIndex)
         return value
 
     def _get(self, key: tuple[str, tuple[str, ...]], load: Callable[[], _Value]) -> _Value:
@@ -91,6 +136,15 @@ class ColumnCache:
 
 
 _POSITION = ["file_path", "pos"]
+
+
+def _sorted(col: pa.ChunkedArray) -> KeyIndex:
+    values = col.to_numpy().astype(np.int64, copy=False)
+    rows = np.argsort(values, kind="stable")
+    index = KeyIndex(values[rows], rows)
+    index.values.flags.writeable = False  # shared by every batch that asks
+    index.rows.flags.writeable = False
+    return index
 
 
 def _grouped(t: pa.Table) -> Positions:
@@ -119,6 +173,12 @@ _cache = ColumnCache()
 def read_columns(path: str, columns: Sequence[str]) -> pa.Table:
     """``columns`` of an immutable data or delete file, from this process's cache."""
     return _cache.read(path, columns)
+
+
+def key_index(path: str, column: str) -> KeyIndex | None:
+    """The integer key ``column`` of an immutable data file, sorted, from this process's
+    cache (see :meth:`ColumnCache.key_index`)."""
+    return _cache.key_index(path, column)
 
 
 def deleted_positions(path: str) -> Positions:

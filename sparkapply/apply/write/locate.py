@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.write.file_cache import deleted_positions, read_columns
+from sparkapply.apply.write.file_cache import deleted_positions, key_index, read_columns
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.plan.keys import canonical_keys, comparable
 
@@ -31,9 +31,10 @@ def _all(_: DataFileInfo) -> bool:
     return True
 
 
-def key_pruner(keys: Sequence[pa.Array]) -> Prune:
+def key_pruner(keys: Sequence[pa.Array], ints: np.ndarray | None = None) -> Prune:
     """Whether a file's key bounds may hold one of ``keys`` (a single key column of
-    any type Iceberg keeps bounds for; a composite key is never pruned).
+    any type Iceberg keeps bounds for; a composite key is never pruned). ``ints``:
+    the keys already as sorted int64 (:func:`integer_keys`), not sorted again.
 
     Bounds are the manifest's values as pyiceberg decodes them (see
     :func:`bound_value`); a string or binary bound may be truncated, which only
@@ -47,7 +48,8 @@ def key_pruner(keys: Sequence[pa.Array]) -> Prune:
     if isinstance(t, pa.BaseExtensionType):
         t = t.storage_type
     if pa.types.is_integer(t):
-        ints = np.sort(col.to_numpy(zero_copy_only=False).astype(np.int64))
+        if ints is None:
+            ints = np.sort(col.to_numpy(zero_copy_only=False).astype(np.int64))
 
         def prune_int(f: DataFileInfo) -> bool:
             if not isinstance(f.key_lower, int) or not isinstance(f.key_upper, int):
@@ -159,25 +161,30 @@ def live_rows(
     candidates = [f for f in data_files if prune(f)]
     deleted = DeletedPositions(delete_files, [f.path for f in candidates])
     for f in candidates:
-        t = read_columns(f.path, columns)
-        live = np.ones(t.num_rows, bool)
-        gone = deleted.of(f.path)
-        if len(gone):
-            live[gone[gone < t.num_rows]] = False
-        yield LiveRows(f, t, live)
+        yield _live(f, deleted, columns)
+
+
+def _live(f: DataFileInfo, deleted: DeletedPositions, columns: Sequence[str]) -> LiveRows:
+    t = read_columns(f.path, columns)
+    live = np.ones(t.num_rows, bool)
+    gone = deleted.of(f.path)
+    if len(gone):
+        live[gone[gone < t.num_rows]] = False
+    return LiveRows(f, t, live)
 
 
 def key_matcher(
-    keys: Sequence[pa.Array], key_names: Sequence[str]
+    keys: Sequence[pa.Array], key_names: Sequence[str], ints: np.ndarray | None = None
 ) -> Callable[[pa.Table], pa.Array]:
-    """A function: a file's key columns → which rows hold one of ``keys``."""
+    """A function: a file's key columns → which rows hold one of ``keys`` (``ints``: as
+    in :func:`key_pruner`)."""
     if len(keys) == 1 and not pa.types.is_nested(keys[0].type):
         value_set = comparable(keys[0])
         name = key_names[0]
         if pa.types.is_integer(value_set.type) and value_set.null_count == 0 and len(value_set):
             # A sorted array and a binary search: 2-3x faster than is_in's hash table
             # for the hundreds of thousands of keys a big batch replaces.
-            wanted = np.sort(value_set.to_numpy())
+            wanted = np.sort(value_set.to_numpy()) if ints is None else ints
 
             def match_sorted(t: pa.Table) -> pa.Array:
                 col = comparable(t.column(name))
@@ -206,6 +213,13 @@ def key_matcher(
     return match_many
 
 
+# A file this many times larger than the batch's keys is searched through its sorted
+# key (file_cache.key_index): the batch's keys are looked up in the file, not the
+# file's values in the batch's keys. Below it, the file is scanned as it is (its sort
+# would cost more than the scan saves).
+INDEX_RATIO = 8
+
+
 def locate_keys(
     keys: Sequence[pa.Array],
     key_names: Sequence[str],
@@ -215,10 +229,46 @@ def locate_keys(
     """Positions of the live rows holding one of ``keys``, per data file."""
     if not keys or len(keys[0]) == 0:
         return {}
-    match = key_matcher(keys, key_names)
+    probe = integer_keys(keys)
+    match = key_matcher(keys, key_names, probe)
+    prune = key_pruner(keys, probe)
+    candidates = [f for f in data_files if prune(f)]
+    deleted = DeletedPositions(delete_files, [f.path for f in candidates])
     found: dict[str, np.ndarray] = {}
-    for rows in live_rows(data_files, delete_files, key_names, key_pruner(keys)):
-        hit = pc.fill_null(match(rows.table), False).to_numpy(zero_copy_only=False) & rows.live
-        if hit.any():
-            found[rows.file.path] = np.flatnonzero(hit)
+    for f in candidates:
+        at = None
+        if probe is not None and len(probe) * INDEX_RATIO <= f.record_count:
+            at = _indexed(f, key_names[0], probe, deleted)
+        if at is None:
+            rows = _live(f, deleted, key_names)
+            hit = pc.fill_null(match(rows.table), False).to_numpy(zero_copy_only=False)
+            at = np.flatnonzero(hit & rows.live)
+        if len(at):
+            found[f.path] = at
     return found
+
+
+def integer_keys(keys: Sequence[pa.Array]) -> np.ndarray | None:
+    """A single signed integer key column without nulls, as sorted int64; else None
+    (sorted once for the pruner, the matcher and the files' indexes)."""
+    if len(keys) != 1:
+        return None
+    col = comparable(keys[0])
+    if not pa.types.is_signed_integer(col.type) or col.null_count:
+        return None
+    return np.sort(col.to_numpy().astype(np.int64, copy=False))
+
+
+def _indexed(
+    f: DataFileInfo, name: str, probe: np.ndarray, deleted: DeletedPositions
+) -> np.ndarray | None:
+    """The live rows of ``f`` holding one of ``probe``, found in its sorted key; None
+    when its key column cannot be indexed."""
+    index = key_index(f.path, name)
+    if index is None:
+        return None
+    at = index.positions(probe)
+    gone = deleted.of(f.path)
+    if len(gone) and len(at):
+        at = at[~np.isin(at, gone)]
+    return at
