@@ -223,3 +223,26 @@ def test_composition_on_values(tmp_path: Path) -> None:
     assert composed_removes([piece("c", (1,), ()), piece("d", (), (1,))], rest((), ()), KEY) is None
     assert composed_removes([piece("e", (7,), (7,))], rest((7,), (7,)), KEY) is None
     assert composed_removes([piece("f", (), (8,))], rest((8,), ()), KEY) == _keys(8)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_integer_keys_compose_as_any_keys_do(seed: int) -> None:
+    """One integer key is checked in NumPy, any other key by a hash group-by: on the
+    same pieces both say the same, crossings or not (text keys take the other path)."""
+    from sparkapply.apply.fold.staged import _compose
+
+    rnd = random.Random(seed)
+    n = rnd.randint(1, 6)
+
+    def keys() -> list[int]:
+        return rnd.sample(range(200), rnd.randint(0, 40))
+
+    puts = [keys() for _ in range(n)]
+    removes = [keys() for _ in range(n)]
+    truth = not any(k in removes[j] for i in range(n) for j in range(i + 1, n) for k in puts[i])
+
+    def cols(groups: list[list[int]], type_: pa.DataType) -> list[list[pa.Array]]:
+        return [[pa.array(g, pa.int64()).cast(type_)] for g in groups]
+
+    for type_ in (pa.int64(), pa.int32(), pa.string()):
+        assert _compose(cols(puts, type_), cols(removes, type_), ["id"]) is truth, type_

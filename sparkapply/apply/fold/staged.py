@@ -133,6 +133,13 @@ def _compose(puts: Sequence[Keys], removes: Sequence[Keys], names: Sequence[str]
     named = [i for i in range(len(removes)) if (removes[i] and len(removes[i][0]))]
     if not seen or not named or max(named) <= min(seen):
         return True  # every removal comes before every put
+    if len(names) == 1 and all(
+        pa.types.is_signed_integer(k[0].type) and not k[0].null_count
+        for k in [*(puts[i] for i in seen), *(removes[i] for i in named)]
+    ):
+        return _compose_integers(
+            [puts[i][0] for i in seen], seen, [removes[i][0] for i in named], named
+        )
     keys = _concat([*(puts[i] for i in seen), *(removes[i] for i in named)], names)
     put_at = [pa.array([i] * len(puts[i][0]), pa.int32()) for i in seen]
     removed_at = [pa.array([i] * len(removes[i][0]), pa.int32()) for i in named]
@@ -149,3 +156,39 @@ def _compose(puts: Sequence[Keys], removes: Sequence[Keys], names: Sequence[str]
     per_key = table.group_by(list(columns)).aggregate([("put", "min"), ("removed", "max")])
     later = pc.greater(per_key.column("removed_max"), per_key.column("put_min"))
     return not pc.any(pc.fill_null(later, False)).as_py()
+
+
+def _compose_integers(
+    puts: Sequence[pa.Array],
+    put_at: Sequence[int],
+    removes: Sequence[pa.Array],
+    removed_at: Sequence[int],
+) -> bool:
+    """:func:`_compose` for one integer key column, in NumPy: each key's first put
+    and the removals that may come after it, both sorted by key, looked up in one
+    pass. A hash group-by of every put and removal took a fifth of a million-row
+    update's composition (0.5 s for a million keys in order, where this takes 0.04 s;
+    in random order both take about 0.3 s)."""
+    put_keys, put_piece = _keys_by_piece(puts, put_at)
+    first = np.ones(len(put_keys), bool)  # a key's first put: the sort is stable
+    first[1:] = put_keys[1:] != put_keys[:-1]
+    put_keys, put_piece = put_keys[first], put_piece[first]
+    removed, removed_piece = _keys_by_piece(removes, removed_at, after=int(put_piece.min()))
+    if not len(removed):
+        return True
+    i = np.minimum(np.searchsorted(put_keys, removed), len(put_keys) - 1)
+    return not np.any((put_keys[i] == removed) & (put_piece[i] < removed_piece))
+
+
+def _keys_by_piece(
+    keys: Sequence[pa.Array], pieces: Sequence[int], after: int = -1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Keys of the pieces numbered above ``after``, as int64, sorted (stably: a key's
+    pieces in order), with each key's piece."""
+    chosen = [(k, at) for k, at in zip(keys, pieces, strict=True) if at > after]
+    if not chosen:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    values = np.concatenate([k.to_numpy().astype(np.int64, copy=False) for k, _ in chosen])
+    piece = np.repeat(np.asarray([at for _, at in chosen], np.int64), [len(k) for k, _ in chosen])
+    order = np.argsort(values, kind="stable")
+    return values[order], piece[order]
