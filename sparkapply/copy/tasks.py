@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from sparkapply import location
 from sparkapply.apply.write.columns import convert_column, fit_table
+from sparkapply.apply.write.parquet import dictionary_columns
 from sparkapply.convert.types import PgColumnType
 from sparkapply.copy.snapshot import begin_at_snapshot
 from sparkapply.errors import (
@@ -187,7 +188,12 @@ class _DataFile:
 
     def write(self, table: pa.Table) -> None:
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self.path, self.schema, filesystem=self.fs)
+            self._writer = pq.ParquetWriter(
+                self.path,
+                self.schema,
+                filesystem=self.fs,
+                use_dictionary=dictionary_columns(table),  # from the file's first rows
+            )
         self._writer.write_table(table)
 
     def close(self) -> list[str]:

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkapply.apply.write.locate import DeletedPositions, live_rows
-from sparkapply.apply.write.parquet import TableWriter, filesystem
+from sparkapply.apply.write.parquet import TableWriter, dictionary_columns, filesystem
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SparkapplyError
 
@@ -136,7 +136,9 @@ class _RollingWriter:
             path = f"{self.dir_path}/sparkapply-{uuid.uuid4().hex}-compacted.parquet"
             self.result.added.append(_uri(self.data_dir, path))
             sink = self.fs.open_output_stream(path)
-            self._writer = pq.ParquetWriter(sink, self.schema)
+            # Chosen from the file's first rows: its other rows come from the same table.
+            dictionary = dictionary_columns(t)
+            self._writer = pq.ParquetWriter(sink, self.schema, use_dictionary=dictionary)
             self._sink = sink
             self._estimate = 0.0
             self._rows = 0
