@@ -113,3 +113,22 @@ def test_a_column_that_cannot_be_indexed_is_scanned(
     monkeypatch.setattr(locate, "INDEX_RATIO", 1)
     found = locate.locate_keys([pa.array([3, 4], pa.int64())], ["n"], [f], [])
     assert {p: v.tolist() for p, v in found.items()} == {uri: [2]}
+
+
+def test_a_file_whose_index_would_not_be_kept_is_scanned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index the cache would not keep would be sorted again at every batch: such a
+    file has none, and is searched as it is."""
+    keys = np.arange(1000, dtype=np.int64)[::-1].copy()
+    f = data_file(tmp_path / "d.parquet", keys, pa.int64())
+    small = ColumnCache(max_bytes=4 * 12 * 999)  # room for the column, not its index
+    assert small.key_index(f.path, "id") is None
+    big = ColumnCache(max_bytes=4 * 12 * 1000)
+    index = big.key_index(f.path, "id")
+    assert index is not None and index.rows.dtype == np.int32
+    monkeypatch.setattr(locate, "INDEX_RATIO", 1)
+    for cache in (small, big):
+        monkeypatch.setattr(file_cache, "_cache", cache)
+        found = locate.locate_keys([pa.array([5, 998, 2000], pa.int64())], ["id"], [f], [])
+        assert {p: v.tolist() for p, v in found.items()} == {f.path: [1, 994]}

@@ -55,7 +55,7 @@ class KeyIndex:
     """A data file's integer key column, sorted: ``values[i]`` is at row ``rows[i]``."""
 
     values: np.ndarray  # int64, ascending
-    rows: np.ndarray  # int64 positions in the file
+    rows: np.ndarray  # int32 positions in the file
 
     def positions(self, keys: np.ndarray) -> np.ndarray:
         """The rows holding one of ``keys`` (int64, ascending), ascending."""
@@ -68,7 +68,7 @@ class KeyIndex:
             at = self.rows[lo[n == 1]]
         else:
             at = np.concatenate([self.rows[a:b] for a, b in zip(lo[n > 0], hi[n > 0], strict=True)])
-        return np.sort(at)
+        return np.sort(at).astype(np.int64)
 
 
 _Value: TypeAlias = pa.Table | Positions | KeyIndex
@@ -107,9 +107,13 @@ class ColumnCache:
 
     def key_index(self, path: str, column: str) -> KeyIndex | None:
         """The integer ``column`` of the data file at ``path``, sorted; None when the
-        column is not integers without nulls (the caller searches it as it is)."""
+        column is not integers without nulls, or when its index would be too big to
+        keep (sorted again at every batch, it would cost more than the scan it saves):
+        the caller searches the column as it is."""
         col = self.read(path, [column]).column(column)
         if not pa.types.is_signed_integer(col.type) or col.null_count:
+            return None
+        if len(col) * _INDEX_BYTES_PER_ROW > self.max_bytes // 4:
             return None
         value = self._get((path, (_INDEX, column)), lambda: _sorted(col))
         assert isinstance(value, KeyIndex)
@@ -138,9 +142,12 @@ class ColumnCache:
 _POSITION = ["file_path", "pos"]
 
 
+_INDEX_BYTES_PER_ROW = 12  # an int64 value and an int32 row number
+
+
 def _sorted(col: pa.ChunkedArray) -> KeyIndex:
     values = col.to_numpy().astype(np.int64, copy=False)
-    rows = np.argsort(values, kind="stable")
+    rows = np.argsort(values, kind="stable").astype(np.int32)  # a file has < 2**31 rows
     index = KeyIndex(values[rows], rows)
     index.values.flags.writeable = False  # shared by every batch that asks
     index.rows.flags.writeable = False
