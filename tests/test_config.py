@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkapply.config import load_config
+from sparkapply.config import ApplyConfig, load_config
 from sparkapply.errors import ConfigError
 
 BASE = '[source]\ndsn = "host=x"\npublication = "p"\n'
@@ -21,6 +21,9 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_shipped_local_config_loads() -> None:
     cfg = load_config(Path(__file__).parent.parent / "configs" / "local.toml", env={})
     assert cfg.spark.master == "local[2]"
+    # What the shipped file spells out is the default, so that a copy of it behaves
+    # as a config without the key.
+    assert cfg.apply == ApplyConfig()
     props = cfg.catalog_properties()
     assert props["uri"] == f"sqlite:///{cfg.work_dir}/catalog.db"
     assert "{work_dir}" not in props["warehouse"]
