@@ -12,11 +12,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.table import Table
 
 from sparkapply.apply.write.parquet import DICTIONARY_SAMPLE, TableWriter, dictionary_columns
 from sparkapply.convert.types import relation_columns
 from sparkapply.convert.values import arrow_schema
+from sparkapply.datafiles import data_directory
+from sparkapply.lsn import Lsn
+from sparkapply.sink import commit_files, read_table
 from tests.convert.test_schema import ALL_TYPES
+from tests.readers import conform, read_with_duckdb, read_with_iceberg_rust
+from tests.sink.executor_files import ORDERS_ARROW, order, to_arrow
 
 ROWS = 3 * DICTIONARY_SAMPLE
 
@@ -88,3 +94,19 @@ def test_repeating_columns_get_a_dictionary(tmp_path: Path, rows: int) -> None:
     # Parquet has no dictionary for booleans: they are bits already.
     for name in (f.name for f in schema if not pa.types.is_nested(f.type) and f.name != "ok"):
         assert encoded[name] is (rows <= DICTIONARY_SAMPLE or name in flat_repeated), name
+
+
+def test_a_table_of_mixed_encodings_reads_the_same_in_every_reader(orders: Table) -> None:
+    """A data file with a dictionary for some columns and not others, committed to a
+    real table, reads the same in pyiceberg, DuckDB and iceberg-rust."""
+    rows = [order(i, note=f"note {i % 3}") for i in range(1, ROWS + 1)]
+    data = to_arrow(rows)
+    assert dictionary_columns(data) == ["at", "note"]  # 60 and 3 values; the rest distinct
+    path = TableWriter(data_directory(orders), ORDERS_ARROW).write(data)
+    commit_files(orders, added=[path], lsn=Lsn(1))
+    table = orders.refresh()
+    expected = sorted(tuple(r.values()) for r in read_table(table).to_pylist())
+    assert len(expected) == ROWS
+    for name, read in (("duckdb", read_with_duckdb), ("iceberg-rust", read_with_iceberg_rust)):
+        got = conform(read(table), read_table(table).schema, name, "orders")
+        assert sorted(tuple(r.values()) for r in got.to_pylist()) == expected, name
