@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -37,6 +38,17 @@ def comparable(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     if pa.types.is_floating(arr.type):
         return _float_equality(arr)
     return arr
+
+
+def as_int64(arr: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """A signed integer column without nulls as int64 values; None for any other.
+    Such a key takes the NumPy paths (locating a batch's keys, a file's sorted key, the
+    staged pieces' composition); every other key, Arrow's kernels on :func:`comparable`
+    values."""
+    if not pa.types.is_signed_integer(arr.type) or arr.null_count:
+        return None
+    values: np.ndarray = arr.to_numpy().astype(np.int64, copy=False)
+    return values
 
 
 def _float_equality(arr: pa.Array) -> pa.Array:

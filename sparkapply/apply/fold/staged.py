@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from sparkapply.apply.fold.keyed import NetEffect
 from sparkapply.apply.write.parquet import read_parquet
 from sparkapply.changes.staged import PieceFiles
-from sparkapply.plan.keys import comparable
+from sparkapply.plan.keys import as_int64, comparable
 from sparkapply.plan.partition import key_hash
 
 Keys = list[pa.Array]  # one array per key column
@@ -133,13 +133,11 @@ def _compose(puts: Sequence[Keys], removes: Sequence[Keys], names: Sequence[str]
     named = [i for i in range(len(removes)) if (removes[i] and len(removes[i][0]))]
     if not seen or not named or max(named) <= min(seen):
         return True  # every removal comes before every put
-    if len(names) == 1 and all(
-        pa.types.is_signed_integer(k[0].type) and not k[0].null_count
-        for k in [*(puts[i] for i in seen), *(removes[i] for i in named)]
-    ):
-        return _compose_integers(
-            [puts[i][0] for i in seen], seen, [removes[i][0] for i in named], named
-        )
+    if len(names) == 1:
+        sides = (*(puts[i] for i in seen), *(removes[i] for i in named))
+        ints = [v for v in (as_int64(k[0]) for k in sides) if v is not None]
+        if len(ints) == len(sides):
+            return _compose_integers(ints[: len(seen)], seen, ints[len(seen) :], named)
     keys = _concat([*(puts[i] for i in seen), *(removes[i] for i in named)], names)
     put_at = [pa.array([i] * len(puts[i][0]), pa.int32()) for i in seen]
     removed_at = [pa.array([i] * len(removes[i][0]), pa.int32()) for i in named]
@@ -159,9 +157,9 @@ def _compose(puts: Sequence[Keys], removes: Sequence[Keys], names: Sequence[str]
 
 
 def _compose_integers(
-    puts: Sequence[pa.Array],
+    puts: Sequence[np.ndarray],
     put_at: Sequence[int],
-    removes: Sequence[pa.Array],
+    removes: Sequence[np.ndarray],
     removed_at: Sequence[int],
 ) -> bool:
     """:func:`_compose` for one integer key column, in NumPy: each key's first put
@@ -181,14 +179,14 @@ def _compose_integers(
 
 
 def _keys_by_piece(
-    keys: Sequence[pa.Array], pieces: Sequence[int], after: int = -1
+    keys: Sequence[np.ndarray], pieces: Sequence[int], after: int = -1
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Keys of the pieces numbered above ``after``, as int64, sorted (stably: a key's
+    """Keys (int64) of the pieces numbered above ``after``, sorted (stably: a key's
     pieces in order), with each key's piece."""
     chosen = [(k, at) for k, at in zip(keys, pieces, strict=True) if at > after]
     if not chosen:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    values = np.concatenate([k.to_numpy().astype(np.int64, copy=False) for k, _ in chosen])
+    values = np.concatenate([k for k, _ in chosen])
     piece = np.repeat(np.asarray([at for _, at in chosen], np.int64), [len(k) for k, _ in chosen])
     order = np.argsort(values, kind="stable")
     return values[order], piece[order]

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkapply.apply.write.parquet import read_parquet
+from sparkapply.plan.keys import as_int64
 
 MAX_BYTES = 64 * 1024 * 1024
 
@@ -110,12 +111,10 @@ class ColumnCache:
         column is not integers without nulls, or when its index would be too big to
         keep (sorted again at every batch, it would cost more than the scan it saves):
         the caller searches the column as it is."""
-        col = self.read(path, [column]).column(column)
-        if not pa.types.is_signed_integer(col.type) or col.null_count:
+        values = as_int64(self.read(path, [column]).column(column))
+        if values is None or len(values) * _INDEX_BYTES_PER_ROW > self.max_bytes // 4:
             return None
-        if len(col) * _INDEX_BYTES_PER_ROW > self.max_bytes // 4:
-            return None
-        value = self._get((path, (_INDEX, column)), lambda: _sorted(col))
+        value = self._get((path, (_INDEX, column)), lambda: _sorted(values))
         assert isinstance(value, KeyIndex)
         return value
 
@@ -145,8 +144,7 @@ _POSITION = ["file_path", "pos"]
 _INDEX_BYTES_PER_ROW = 12  # an int64 value and an int32 row number
 
 
-def _sorted(col: pa.ChunkedArray) -> KeyIndex:
-    values = col.to_numpy().astype(np.int64, copy=False)
+def _sorted(values: np.ndarray) -> KeyIndex:
     rows = np.argsort(values, kind="stable").astype(np.int32)  # a file has < 2**31 rows
     index = KeyIndex(values[rows], rows)
     index.values.flags.writeable = False  # shared by every batch that asks

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from sparkapply.apply.write.file_cache import deleted_positions, key_index, read_columns
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
-from sparkapply.plan.keys import canonical_keys, comparable
+from sparkapply.plan.keys import as_int64, canonical_keys, comparable
 
 Prune = Callable[[DataFileInfo], bool]
 
@@ -251,12 +251,8 @@ def locate_keys(
 def integer_keys(keys: Sequence[pa.Array]) -> np.ndarray | None:
     """A single signed integer key column without nulls, as sorted int64; else None
     (sorted once for the pruner, the matcher and the files' indexes)."""
-    if len(keys) != 1:
-        return None
-    col = comparable(keys[0])
-    if not pa.types.is_signed_integer(col.type) or col.null_count:
-        return None
-    return np.sort(col.to_numpy().astype(np.int64, copy=False))
+    values = as_int64(comparable(keys[0])) if len(keys) == 1 else None
+    return None if values is None else np.sort(values)
 
 
 def _indexed(
