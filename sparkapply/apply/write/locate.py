@@ -158,10 +158,17 @@ def live_rows(
     prune: Prune = _all,
 ) -> Iterator[LiveRows]:
     """Each candidate data file's ``columns`` and live-row mask."""
-    candidates = [f for f in data_files if prune(f)]
-    deleted = DeletedPositions(delete_files, [f.path for f in candidates])
+    candidates, deleted = _candidates(data_files, delete_files, prune)
     for f in candidates:
         yield _live(f, deleted, columns)
+
+
+def _candidates(
+    data_files: Sequence[DataFileInfo], delete_files: Sequence[DeleteFileInfo], prune: Prune
+) -> tuple[list[DataFileInfo], DeletedPositions]:
+    """The data files that may hold a wanted key, and what is deleted of them."""
+    candidates = [f for f in data_files if prune(f)]
+    return candidates, DeletedPositions(delete_files, [f.path for f in candidates])
 
 
 def _live(f: DataFileInfo, deleted: DeletedPositions, columns: Sequence[str]) -> LiveRows:
@@ -231,9 +238,7 @@ def locate_keys(
         return {}
     probe = integer_keys(keys)
     match = key_matcher(keys, key_names, probe)
-    prune = key_pruner(keys, probe)
-    candidates = [f for f in data_files if prune(f)]
-    deleted = DeletedPositions(delete_files, [f.path for f in candidates])
+    candidates, deleted = _candidates(data_files, delete_files, key_pruner(keys, probe))
     found: dict[str, np.ndarray] = {}
     for f in candidates:
         at = None
