@@ -35,6 +35,7 @@ from sparkapply import collector
 from sparkapply.apply.fold.rowwise import Runs, TxnInput
 from sparkapply.apply.job import run_tasks
 from sparkapply.apply.tasks import TableResult, TableTask
+from sparkapply.apply.write.locate import warm as warm_files
 from sparkapply.changes.staged import PieceFiles
 from sparkapply.changes.transaction import CommittedTxn, relations_named
 from sparkapply.convert.schema import relation_identifier
@@ -215,6 +216,10 @@ class Applier:
         self._applied: dict[tuple[str, str], Lsn] = {}
         self._known: set[TableIdent] = set()
         self._columnless: set[str] = set()  # tables warned of (see _columnless_table)
+        # Tables a batch located rows in, by their key columns, and the snapshot whose
+        # files were last read ahead for each (``warm``).
+        self._locating: dict[TableIdent, tuple[str, ...]] = {}
+        self._warmed: dict[TableIdent, int | None] = {}
         self.retain_snapshots = retain_snapshots
         self.split_bytes = split_bytes
         # With maintenance on, expiry here also deletes the files only expired
@@ -253,6 +258,36 @@ class Applier:
         self._applied.pop(ident, None)
         if self.cuts is not None:
             self.cuts.changed(ident)
+
+    def wants_warming(self) -> bool:
+        """A table a batch located rows in has files no read ahead has seen."""
+        return any(self._warm_due(ident) for ident in self._locating)
+
+    def warm(self, stop: Callable[[], bool]) -> None:
+        """Read ahead into this process's file cache, table by table, what the next
+        batch's locate reads (``apply/write/locate.py``, ``warm``), until ``stop()``.
+        For the apply thread while the subscriber is idle: the next small batch is
+        folded here (``apply/job.py``, SMALL BATCHES) and finds the files held. A file
+        that cannot be read (expired since) ends the table's read ahead; the batch
+        that needs the table reads what it needs."""
+        for ident, key_names in list(self._locating.items()):
+            state = self._states.get(ident)
+            if state is None or not self._warm_due(ident):
+                continue
+            column = key_names[0] if len(key_names) == 1 else None
+            data_files, delete_files = self.sink.live_files(state, column)
+            try:
+                if not warm_files(key_names, data_files, delete_files, stop):
+                    return
+            except OSError as exc:
+                log.debug("reading ahead %s.%s stopped: %s", *ident, exc)
+            self._warmed[ident] = state.snapshot_id
+
+    def _warm_due(self, ident: TableIdent) -> bool:
+        state = self._states.get(ident)
+        if state is None:
+            return False
+        return ident not in self._warmed or self._warmed[ident] != state.snapshot_id
 
     def apply(self, batch: Sequence[CommittedTxn]) -> BatchStats:
         """Apply ``batch``; where a table's replica identity changes within it, the
@@ -429,6 +464,8 @@ class Applier:
         data_files: list[DataFileInfo] = []
         delete_files: list[DeleteFileInfo] = []
         if not tp.insert_only:  # the task locates rows: it needs the live files
+            if tp.identity == "key" and tp.key_names:
+                self._locating[state.ident] = tp.key_names
             key_column = tp.key_names[0] if len(tp.key_names) == 1 else None
             data_files, delete_files = self.sink.live_files(state, key_column)
         return TableTask(

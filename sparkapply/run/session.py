@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -236,6 +236,7 @@ class ApplyJob:
         self.applier = applier
         self.copier = copier
         self.maintenance = maintenance
+        self._warming = True  # reading ahead while idle (``warm``) has not failed
 
     def apply(self, batch: Batch) -> tuple[BatchStats, float]:
         started = time.monotonic()
@@ -261,6 +262,23 @@ class ApplyJob:
     def refresh(self) -> None:
         self.copier.refresh()
         self._forget_copied()
+
+    def wants_warming(self) -> bool:
+        return self._warming and self.applier.wants_warming()
+
+    def warm(self, stop: Callable[[], bool]) -> None:
+        """Read ahead what the next batch reads (:meth:`Applier.warm`), until ``stop()``.
+        It only saves a later read: a failure is logged, and reading ahead ends for
+        the session."""
+        try:
+            self.applier.warm(stop)
+        except Exception as exc:  # it only saves a later read: see the docstring
+            log.warning(
+                "reading table files ahead of need failed (%s); batches read them when "
+                "they need them",
+                exc,
+            )
+            self._warming = False
 
     def _forget_copied(self) -> None:
         for ident in self.copier.take_copied():

@@ -22,6 +22,12 @@ BATCHES
     parts are made in :mod:`sparkapply.run.session`, a batch is applied by
     :mod:`sparkapply.run.batch`.
 
+READING AHEAD
+    While the subscriber is idle, the apply thread reads the files the next batch will
+    search for the rows it replaces (``run/session.py``, ``ApplyJob.warm``): after a quiet spell the
+    first batch is the one a user waits for, and it found the files cold. A batch (or
+    copy) submitted meanwhile stops the read ahead after the file it is reading.
+
 STOPPING
     ``stop()`` (SIGTERM, Ctrl-C) lets the running batch finish (its acknowledgement is
     sent) and abandons the rest: it is only in the spool, and the server sends it again.
@@ -212,6 +218,8 @@ class Subscriber:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkapply-apply")
         running: Future[tuple[BatchStats, float]] | None = None
         copying: Future[None] | None = None  # the periodic check for newly published tables
+        warming: Future[None] | None = None  # reading ahead while idle (READING AHEAD)
+        warm_stop = threading.Event()
         last_ping = 0.0
         try:
             while True:
@@ -228,11 +236,17 @@ class Subscriber:
                     copying = None
                 elif running is None and not self._stop.is_set() and job.copier.due():
                     # Same single-threaded pool: batches queue behind the copy.
+                    warm_stop.set()
                     copying = pool.submit(job.refresh)
                     self._wake_when_done(session, copying)
 
+                if warming is not None and warming.done():
+                    warming.result()  # its failures are logged where it ran
+                    warming = None
+
                 if self._stop.is_set():
                     scheduler.stop()
+                    warm_stop.set()
                 if scheduler.may_exit():
                     stream.set_flush_lsn(session.progress.flushed)
                     stream.send_status()
@@ -240,8 +254,19 @@ class Subscriber:
 
                 batch = scheduler.cut()
                 if batch is not None:
+                    warm_stop.set()  # a read ahead before it in the pool ends at once
                     running = pool.submit(job.apply, batch)
                     self._wake_when_done(session, running)
+                elif (
+                    warming is None
+                    and running is None
+                    and copying is None
+                    and not self._stop.is_set()
+                    and scheduler.idle()
+                    and job.wants_warming()
+                ):
+                    warm_stop.clear()
+                    warming = pool.submit(job.warm, warm_stop.is_set)
 
                 idle = self._positions(session)
                 if target is not None and idle and scheduler.caught_up(target):
@@ -254,6 +279,7 @@ class Subscriber:
                     stream.send_status(reply_requested=True)
                     last_ping = time.monotonic()
         finally:
+            warm_stop.set()
             if running is not None:
                 running.cancel()
                 with contextlib.suppress(Exception):

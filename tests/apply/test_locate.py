@@ -132,3 +132,65 @@ def test_a_file_whose_index_would_not_be_kept_is_scanned(
         monkeypatch.setattr(file_cache, "_cache", cache)
         found = locate.locate_keys([pa.array([5, 998, 2000], pa.int64())], ["id"], [f], [])
         assert {p: v.tolist() for p, v in found.items()} == {f.path: [1, 994]}
+
+
+def _three_files(tmp_path: Path) -> tuple[list[DataFileInfo], list[DeleteFileInfo]]:
+    rng = np.random.default_rng(7)
+    files = [
+        data_file(tmp_path / f"d{i}.parquet", rng.choice(10**6, n, replace=False), pa.int64())
+        for i, n in enumerate([4000, 2000, 4])
+    ]
+    deletes = [delete_file(tmp_path / "x.parquet", {files[0].path: np.arange(0, 4000, 9)})]
+    return files, deletes
+
+
+def test_reading_ahead_leaves_a_batch_nothing_to_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After :func:`locate.warm`, locating a small batch's keys in the same files reads
+    no file: every look-up is a hit, and the rows found are those found cold."""
+    files, deletes = _three_files(tmp_path)
+    keys = pa.array(read_ids(files[0])[:5].tolist() + read_ids(files[2])[:1].tolist() + [-1])
+    cold = ColumnCache()
+    monkeypatch.setattr(file_cache, "_cache", cold)
+    truth = locate.locate_keys([keys], ["id"], files, deletes)
+    assert cold.misses > 0 and len(truth) == 2
+
+    warm = ColumnCache()
+    monkeypatch.setattr(file_cache, "_cache", warm)
+    assert locate.warm(["id"], files, deletes, lambda: False)
+    misses = warm.misses
+    found = locate.locate_keys([keys], ["id"], files, deletes)
+    assert warm.misses == misses  # nothing read
+    assert {p: v.tolist() for p, v in found.items()} == {p: v.tolist() for p, v in truth.items()}
+    indexed = {k[0] for k in warm._entries if k[1] == ("\0index", "id")}
+    assert indexed == {files[0].path, files[1].path}  # the 4-row file is scanned
+
+
+def test_reading_ahead_stops_when_asked_and_keeps_half_the_cache_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files, deletes = _three_files(tmp_path)
+    cache = ColumnCache()
+    monkeypatch.setattr(file_cache, "_cache", cache)
+    asked = iter([False, False, True])  # the delete file, the first data file, then stop
+    assert not locate.warm(["id"], files, deletes, lambda: next(asked))
+    read = {k[0] for k in cache._entries}
+    assert read == {deletes[0].path, files[0].path}
+
+    # Room for the smaller files only: the 4,000-row file (80,000 bytes with its
+    # index, more than a quarter of the cache) is left for the batch that needs it,
+    # and nothing already held is pushed out.
+    small = ColumnCache(max_bytes=200_000)
+    monkeypatch.setattr(file_cache, "_cache", small)
+    small.read(files[2].path, ["v"])  # something a batch read
+    assert locate.warm(["id"], files, deletes, lambda: False)
+    held = {k[0] for k in small._entries}
+    assert files[0].path not in held and {files[1].path, files[2].path} <= held
+    assert (files[2].path, ("v",)) in small._entries
+    assert small._bytes <= small.max_bytes // 2
+
+
+def read_ids(f: DataFileInfo) -> np.ndarray:
+    ids: np.ndarray = pq.read_table(f.path.removeprefix("file://"), columns=["id"])["id"].to_numpy()
+    return ids

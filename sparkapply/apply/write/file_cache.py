@@ -26,7 +26,9 @@ million rows with 40 delete files naming it, timed ad hoc, took 102 ms scanned a
 in order. The sort is paid once per file, not once per batch.
 
 The cache holds at most ``MAX_BYTES`` of Arrow and NumPy data, least recently used out
-first; a read larger than a quarter of that is not kept.
+first; a read larger than a quarter of that is not kept. What is read ahead of need
+(``locate.warm``, while the subscriber is idle) fills at most half of it
+(:func:`room_to_warm`), so it never pushes out what batches read.
 """
 
 from __future__ import annotations
@@ -118,6 +120,12 @@ class ColumnCache:
         assert isinstance(value, KeyIndex)
         return value
 
+    def room_to_warm(self) -> int:
+        """Bytes a read ahead of need may still add: up to half the cache is filled
+        that way, and nothing is pushed out for it."""
+        with self._lock:
+            return max(0, min(self.max_bytes // 2 - self._bytes, self.max_bytes // 4))
+
     def _get(self, key: tuple[str, tuple[str, ...]], load: Callable[[], _Value]) -> _Value:
         with self._lock:
             entry = self._entries.get(key)
@@ -184,6 +192,16 @@ def key_index(path: str, column: str) -> KeyIndex | None:
     """The integer key ``column`` of an immutable data file, sorted, from this process's
     cache (see :meth:`ColumnCache.key_index`)."""
     return _cache.key_index(path, column)
+
+
+def room_to_warm() -> int:
+    """Bytes this process's cache may still take of reads ahead of need."""
+    return _cache.room_to_warm()
+
+
+def key_index_bytes(rows: int) -> int:
+    """What a file's integer key and its sorted index take in the cache."""
+    return rows * (8 + _INDEX_BYTES_PER_ROW)
 
 
 def deleted_positions(path: str) -> Positions:

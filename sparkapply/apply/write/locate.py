@@ -6,6 +6,14 @@ the key columns of the data files that can hold one of the keys (a file whose ke
 bounds, from the manifests, miss every key is skipped) and drops the positions that
 the table's live position-delete files already delete (an older version of the same
 key may still sit in an older file, deleted). What it returns is small: positions.
+
+What a batch reads here stays in the process's cache (``file_cache.py``), and
+:func:`warm` reads it ahead of need: the driver, idle, reads the files a table's next
+batch will search. A file the cache does not hold is read by the batch that first
+needs it, and that batch is the one a user waits for after a quiet spell: the first
+batch of the race's scatter backlog (4,000 one-row updates of a million-row table,
+its five files read cold) spent 0.11 s of its 0.20 s locating, against 0.01 s with
+the files held.
 """
 
 from __future__ import annotations
@@ -20,7 +28,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkapply.apply.write.file_cache import deleted_positions, key_index, read_columns
+from sparkapply.apply.write.file_cache import (
+    deleted_positions,
+    key_index,
+    key_index_bytes,
+    read_columns,
+    room_to_warm,
+)
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.plan.keys import as_int64, canonical_keys, comparable
 
@@ -273,3 +287,36 @@ def _indexed(
     if len(gone) and len(at):
         at = at[~np.isin(at, gone)]
     return at
+
+
+def warm(
+    key_names: Sequence[str],
+    data_files: Sequence[DataFileInfo],
+    delete_files: Sequence[DeleteFileInfo],
+    stop: Callable[[], bool],
+) -> bool:
+    """Read into this process's cache what :func:`locate_keys` reads of these files for
+    a batch of a few keys: each delete file's positions, each data file's key columns
+    and, for one integer key, the file's sorted key. Files the cache has no room for
+    (``file_cache.room_to_warm``) are left to the batch that needs them. Stops between
+    two files when ``stop()`` says so; True when every file was looked at."""
+    single = len(key_names) == 1
+    for d in delete_files:
+        if stop():
+            return False
+        if d.record_count * 8 <= room_to_warm():
+            deleted_positions(d.path)
+    for f in data_files:
+        if stop():
+            return False
+        if single:
+            need = key_index_bytes(f.record_count)
+        else:
+            need = f.file_size_in_bytes + f.record_count * 8 * len(key_names)
+        if need > room_to_warm():
+            continue
+        if single and f.record_count >= INDEX_RATIO:
+            key_index(f.path, key_names[0])  # reads the column, kept too
+        else:
+            read_columns(f.path, key_names)
+    return True
