@@ -148,3 +148,55 @@ def test_malformed_records_raise_protocol_error(
 def test_a_change_too_short_for_its_relation_id_raises() -> None:
     with pytest.raises(ProtocolError, match="too short for its relation id"):
         ChunkIndex.of(Chunk(bytes([m.TAG_INSERT, 0, 0]), [0], [3], [False]))
+
+
+WIDE = tuple(m.RelationColumn(0, f"c{i}", 25, -1) for i in range(7))
+
+
+def _column_values(rnd: np.random.Generator, shape: str, n: int) -> list[m.ColumnValue]:
+    """Values of one column: every value of one width (``char(n)``, uuids), the
+    gather's strided path, or of several, its indexed ones; with nulls, unchanged
+    TOAST and empty strings among them."""
+    if shape == "fixed":
+        out: list[m.ColumnValue] = [bytes(rnd.integers(97, 123, 84, np.uint8)) for _ in range(n)]
+    elif shape == "fixed-with-gaps":
+        out = [bytes(rnd.integers(48, 58, 36, np.uint8)) for _ in range(n)]
+        for i in rnd.choice(n, n // 3, replace=False).tolist():
+            out[i] = None if i % 2 else m.UNCHANGED
+    elif shape == "short":
+        out = [str(int(v)).encode() for v in rnd.integers(0, 10**6, n)]
+    elif shape == "long":
+        out = [bytes(rnd.integers(97, 123, int(w), np.uint8)) for w in rnd.integers(16, 200, n)]
+    elif shape == "empty":
+        out = [b""] * n
+    else:  # "mixed": empty, short, long, null
+        out = [
+            None if w < 0 else bytes(rnd.integers(97, 123, int(w), np.uint8))
+            for w in rnd.integers(-3, 300, n)
+        ]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_values_of_every_width_read_as_the_decoder_reads_them(seed: int) -> None:
+    rnd = np.random.default_rng(seed)
+    n = int(rnd.integers(1, 400))
+    shapes = ["fixed", "fixed-with-gaps", "short", "long", "empty", "mixed", "fixed"]
+    rnd.shuffle(shapes)
+    columns = [_column_values(rnd, shape, n) for shape in shapes]
+    rows = [tup(*(c[i] for c in columns)) for i in range(n)]
+    messages: list[m.Message] = [m.Relation(None, 7, "public", "w", "d", WIDE)]
+    messages += [
+        m.Insert(None, 7, r) if i % 2 else m.Update(None, 7, "O", rows[i - 1], r)
+        for i, r in enumerate(rows)
+    ]
+    ix = ChunkIndex.of(chunk(messages))
+    ((_, sel),) = [(i, r) for i, r in ix.runs(frozenset({7})) if r is not None]
+    names = tuple(c.name for c in WIDE)
+    run = decode_changes(ix.b, ix.starts[sel], ix.ends[sel], ix.in_stream[sel], 7, names)
+    for j, msg in enumerate(messages[1:]):
+        assert isinstance(msg, m.Insert | m.Update)
+        assert values(run, False, j) == (msg.new.kinds, msg.new.values)
+        if isinstance(msg, m.Update):
+            assert msg.old is not None
+            assert values(run, True, j) == (msg.old.kinds, msg.old.values)
