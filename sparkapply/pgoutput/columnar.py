@@ -62,13 +62,14 @@ class Records(Protocol):
     def in_stream(self) -> Sequence[bool] | np.ndarray: ...
 
 
-_FOUR = np.arange(4, dtype=np.int64)
-
-
 def be32(b: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Big-endian uint32 at each of ``pos`` (one gather of 4-byte rows)."""
-    rows = b[pos[:, None] + _FOUR]  # (n, 4), C-contiguous
-    out: np.ndarray = rows.view(">u4").reshape(-1).astype(np.int64)
+    """Big-endian uint32 at each of ``pos``: read through a view of ``b`` with a
+    4-byte value at every byte, so the gather moves 4 bytes a value, not four 8-byte
+    indexes and their bytes (a tenth of staging a piece of a million-row update went
+    to reading lengths: 1,000,000 of them in 13 against 36 ms)."""
+    b = np.ascontiguousarray(b)
+    every = np.ndarray(shape=(max(len(b) - 3, 0),), dtype=">u4", buffer=b, strides=(1,))
+    out: np.ndarray = every[pos].astype(np.int64)
     return out
 
 
