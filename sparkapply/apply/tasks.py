@@ -286,7 +286,14 @@ def _write(
     effect: NetEffect | FullEffect | TableDelta, task: TableTask, writer: TableWriter
 ) -> WriteResult:
     """New row versions as data files, the rows they replace as position deletes."""
-    target = Target(task.schema, task.data_files, task.delete_files, writer)
+    keyed = task.identity == "key" and bool(task.key_names)
+    target = Target(
+        task.schema,
+        task.data_files,
+        task.delete_files,
+        writer,
+        key_names=tuple(task.key_names) if keyed else (),
+    )
     if isinstance(effect, NetEffect):
         return write_effect(effect, task.key_names, target)
     if isinstance(effect, FullEffect):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -119,8 +120,8 @@ class _KeptWriter(TableWriter):
         super().__init__(data_dir, schema, prefix=prefix)
         self.paths: list[str] = []
 
-    def write(self, table: pa.Table) -> str:
-        uri = super().write(table)
+    def write(self, table: pa.Table, written: Callable[[str, pa.Table], None] | None = None) -> str:
+        uri = super().write(table, written)
         self.paths.append(uri)
         return uri
 

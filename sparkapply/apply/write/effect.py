@@ -30,6 +30,7 @@ from sparkapply.apply.fold.full import FullEffect, RemovedImages, layout_columns
 from sparkapply.apply.fold.keyed import NetEffect
 from sparkapply.apply.fold.rowwise import Key, Layout, Row, TableDelta, _Unchanged
 from sparkapply.apply.write.columns import convert_column, fit_table
+from sparkapply.apply.write.file_cache import remember_columns, remember_positions
 from sparkapply.apply.write.locate import key_matcher, key_pruner, live_rows, locate_keys
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.convert.types import PgColumnType
@@ -58,11 +59,15 @@ class Target:
     delete_files: Sequence[DeleteFileInfo]
     writer: TableWriter
     result: WriteResult = field(default_factory=WriteResult)
+    # The key the next batches locate rows by: kept in this process's file cache as
+    # each data file is written, with each delete file's positions (file_cache.py,
+    # WRITTEN HERE). Empty: nothing is kept (a table without a key).
+    key_names: tuple[str, ...] = ()
 
     def write_rows(self, table: pa.Table) -> None:
         for start in range(0, table.num_rows, ROWS_PER_FILE):
             part = table.slice(start, ROWS_PER_FILE)
-            self.result.added.append(self.writer.write(part))
+            self.result.added.append(self.writer.write(part, self._written))
             self.result.rows_written += part.num_rows
 
     def write_positions(self, positions: dict[str, np.ndarray]) -> None:
@@ -70,6 +75,13 @@ class Target:
         if info is not None:
             self.result.deletes.append(info)
             self.result.rows_removed += info.record_count
+            if self.key_names:
+                held = {p: np.sort(np.asarray(v, np.int64)) for p, v in positions.items() if len(v)}
+                remember_positions(info.path, held)
+
+    def _written(self, uri: str, table: pa.Table) -> None:
+        if self.key_names:
+            remember_columns(uri, self.key_names, table.select(list(self.key_names)))
 
 
 def write_effect(effect: NetEffect, key_names: Sequence[str], target: Target) -> WriteResult:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -132,14 +132,18 @@ class TableWriter:
     def _new_path(self, suffix: str) -> str:
         return f"{self.dir_path}/{self.prefix}{uuid.uuid4().hex}{suffix}.parquet"
 
-    def write(self, table: pa.Table) -> str:
-        """A data file with ``table`` (cast to the table schema); its URI."""
+    def write(self, table: pa.Table, written: Callable[[str, pa.Table], None] | None = None) -> str:
+        """A data file with ``table`` (cast to the table schema); its URI. ``written``
+        is told the URI and the table as the file holds it."""
         started = time.perf_counter()
         path = self._new_path("")
         table = table.cast(self.schema)
         pq.write_table(table, path, filesystem=self.fs, use_dictionary=dictionary_columns(table))
         self.seconds += time.perf_counter() - started
-        return _uri(self.data_dir, path)
+        uri = _uri(self.data_dir, path)
+        if written is not None:
+            written(uri, table)
+        return uri
 
     def write_keys(self, keys: pa.Table) -> str:
         """A file of key columns as they are (a staged piece's removes, never a data
