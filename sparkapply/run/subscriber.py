@@ -24,9 +24,10 @@ BATCHES
 
 READING AHEAD
     While the subscriber is idle, the apply thread reads the files the next batch will
-    search for the rows it replaces (``run/session.py``, ``ApplyJob.warm``): after a quiet spell the
-    first batch is the one a user waits for, and it found the files cold. A batch (or
-    copy) submitted meanwhile stops the read ahead after the file it is reading.
+    search for the rows it replaces (``run/session.py``, ``ApplyJob.warm``): after a
+    quiet spell the first batch is the one a user waits for, and it found the files
+    cold. A batch (or copy) submitted meanwhile stops the read ahead after the file it
+    is reading.
 
 STOPPING
     ``stop()`` (SIGTERM, Ctrl-C) lets the running batch finish (its acknowledgement is
