@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkapply.apply.write.parquet import read_parquet
-from sparkapply.plan.keys import as_int64
+from sparkapply.plan.keys import as_int64, ascending
 
 MAX_BYTES = 64 * 1024 * 1024
 
@@ -78,7 +78,7 @@ class KeyIndex:
             at = self.rows[lo[n == 1]]
         else:
             at = np.concatenate([self.rows[a:b] for a, b in zip(lo[n > 0], hi[n > 0], strict=True)])
-        return np.sort(at).astype(np.int64)
+        return ascending(at).astype(np.int64)
 
 
 _Value: TypeAlias = pa.Table | Positions | KeyIndex

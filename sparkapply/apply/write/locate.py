@@ -36,7 +36,7 @@ from sparkapply.apply.write.file_cache import (
     room_to_warm,
 )
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
-from sparkapply.plan.keys import as_int64, canonical_keys, comparable
+from sparkapply.plan.keys import as_int64, ascending, canonical_keys, comparable
 
 Prune = Callable[[DataFileInfo], bool]
 
@@ -63,7 +63,7 @@ def key_pruner(keys: Sequence[pa.Array], ints: np.ndarray | None = None) -> Prun
         t = t.storage_type
     if pa.types.is_integer(t):
         if ints is None:
-            ints = np.sort(col.to_numpy(zero_copy_only=False).astype(np.int64))
+            ints = ascending(col.to_numpy(zero_copy_only=False).astype(np.int64))
 
         def prune_int(f: DataFileInfo) -> bool:
             if not isinstance(f.key_lower, int) or not isinstance(f.key_upper, int):
@@ -205,7 +205,7 @@ def key_matcher(
         if pa.types.is_integer(value_set.type) and value_set.null_count == 0 and len(value_set):
             # A sorted array and a binary search: 2-3x faster than is_in's hash table
             # for the hundreds of thousands of keys a big batch replaces.
-            wanted = np.sort(value_set.to_numpy()) if ints is None else ints
+            wanted = ascending(value_set.to_numpy()) if ints is None else ints
 
             def match_sorted(t: pa.Table) -> pa.Array:
                 col = comparable(t.column(name))
@@ -271,7 +271,7 @@ def integer_keys(keys: Sequence[pa.Array]) -> np.ndarray | None:
     """A single signed integer key column without nulls, as sorted int64; else None
     (sorted once for the pruner, the matcher and the files' indexes)."""
     values = as_int64(comparable(keys[0])) if len(keys) == 1 else None
-    return None if values is None else np.sort(values)
+    return None if values is None else ascending(values)
 
 
 def _indexed(

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from sparkapply import location
 from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
+from sparkapply.plan.keys import ascending
 
 POSITION_DELETE_SCHEMA = pa.schema(
     [
@@ -160,7 +161,7 @@ class TableWriter:
         if not paths:
             return None
         started = time.perf_counter()
-        pos_arrays = [np.sort(np.asarray(positions[p], np.int64)) for p in paths]
+        pos_arrays = [ascending(np.asarray(positions[p], np.int64)) for p in paths]
         counts = [len(a) for a in pos_arrays]
         # The paths as a dictionary, which Parquet dictionary-encodes as it is: a plain
         # column of a million long paths costs the writer a hash of each (0.1 s per
