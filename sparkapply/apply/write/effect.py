@@ -35,7 +35,7 @@ from sparkapply.apply.write.locate import key_matcher, key_pruner, live_rows, lo
 from sparkapply.apply.write.parquet import TableWriter
 from sparkapply.convert.types import PgColumnType
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, empty_table, python_array
-from sparkapply.plan.keys import ascending, canonical_keys, comparable
+from sparkapply.plan.keys import canonical_keys, comparable
 
 # Rows per data file written by one task (bounded memory, files of a useful size).
 ROWS_PER_FILE = 1_000_000
@@ -71,13 +71,10 @@ class Target:
             self.result.rows_written += part.num_rows
 
     def write_positions(self, positions: dict[str, np.ndarray]) -> None:
-        info = self.writer.write_deletes(positions)
+        info = self.writer.write_deletes(positions, remember_positions if self.key_names else None)
         if info is not None:
             self.result.deletes.append(info)
             self.result.rows_removed += info.record_count
-            if self.key_names:
-                held = {p: np.asarray(v, np.int64) for p, v in positions.items() if len(v)}
-                remember_positions(info.path, {p: ascending(v) for p, v in held.items()})
 
     def _written(self, uri: str, table: pa.Table) -> None:
         if self.key_names:

@@ -26,11 +26,13 @@ million rows with 40 delete files naming it, timed ad hoc, took 102 ms scanned a
 in order. The sort is paid once per file, not once per batch.
 
 WRITTEN HERE
-    A file this process writes is put in the cache as it is written: its key columns
-    (``effect.py``, ``Target``) and a delete file's positions (``parquet.py``). In a
-    steady stream each batch searches the files the batch before wrote, and read them
-    back: at 1,000 pgbench transactions a second, reading files was a sixteenth of the
-    apply thread's time in a profile (py-spy), most of it those files.
+    A file this process writes is put in the cache as it is written, as its writer
+    says the file holds it (``parquet.py``, ``TableWriter``; asked by ``effect.py``,
+    ``Target``, for a table with a key): a data file's key columns and a delete
+    file's positions. In a steady stream each batch searches the files the batch
+    before wrote, and read them back: at 1,000 pgbench transactions a second, reading
+    files was a sixteenth of the apply thread's time in a profile (py-spy), most of it
+    those files.
 
 The cache holds at most ``MAX_BYTES`` of Arrow and NumPy data, least recently used out
 first; a read larger than a quarter of that is not kept. What is read ahead of need

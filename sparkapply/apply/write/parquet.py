@@ -155,8 +155,13 @@ class TableWriter:
         self.seconds += time.perf_counter() - started
         return _uri(self.data_dir, path)
 
-    def write_deletes(self, positions: Mapping[str, np.ndarray]) -> DeleteFileInfo | None:
-        """One position-delete file naming ``positions`` (data file URI → row numbers)."""
+    def write_deletes(
+        self,
+        positions: Mapping[str, np.ndarray],
+        written: Callable[[str, dict[str, np.ndarray]], None] | None = None,
+    ) -> DeleteFileInfo | None:
+        """One position-delete file naming ``positions`` (data file URI → row numbers).
+        ``written`` is told its URI and the positions it holds, sorted, by data file."""
         paths = sorted(p for p, pos in positions.items() if len(pos))
         if not paths:
             return None
@@ -179,6 +184,8 @@ class TableWriter:
         pq.write_table(table, path, filesystem=self.fs, store_schema=False)
         size = self.fs.get_file_info(path).size
         self.seconds += time.perf_counter() - started
+        if written is not None:
+            written(_uri(self.data_dir, path), dict(zip(paths, pos_arrays, strict=True)))
         return DeleteFileInfo(
             path=_uri(self.data_dir, path),
             record_count=table.num_rows,
