@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
+from sparkapply.apply.fold import chunks
 from sparkapply.apply.fold.rowwise import coalesced
 from sparkapply.apply.tasks import TableResult, TableTask, run_table_task
 
@@ -117,7 +118,8 @@ def run_tasks(
     if not tasks:
         return []
     if on_driver(tasks, driver_fold_bytes):
-        return [_on_driver(t) for t in tasks]
+        with chunks.shared():  # the tables' tasks read the same spool once
+            return [_on_driver(t) for t in tasks]
     parallelism = spark.sparkContext.defaultParallelism
     expanded: list[TableTask] = []
     for task in tasks:
@@ -160,5 +162,7 @@ def spooled_bytes(tasks: Sequence[TableTask]) -> int:
 
 
 def run_group(tasks: list[TableTask]) -> list[TableResult]:
-    """One partition's tasks, one after another (on an executor)."""
-    return [run_table_task(t) for t in tasks]
+    """One partition's tasks, one after another (on an executor), reading the spool
+    they share once."""
+    with chunks.shared():
+        return [run_table_task(t) for t in tasks]

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from sparkapply.apply.fold.chunks import indexed_chunks
 from sparkapply.apply.fold.rowwise import Layout, TxnInput, coalesced, uncoalesced
 from sparkapply.apply.write.columns import convert_columns, fit_table
 from sparkapply.apply.write.effect import ROWS_PER_FILE, WriteResult
 from sparkapply.apply.write.parquet import TableWriter
-from sparkapply.changes.spool import read_chunks
 from sparkapply.errors import ApplyError, NotInsertOnly, SparkapplyError
 from sparkapply.pgoutput import Decoder
 from sparkapply.pgoutput import messages as m
@@ -83,8 +83,8 @@ def _append(
         decoders = stream_decoders(proto_version, streaming)
         try:
             for seg in txn.segments:
-                for chunk in read_chunks(seg):
-                    changes += _chunk(ChunkIndex.of(chunk), relation_ids, layouts, decoders, out)
+                for ix in indexed_chunks(seg):
+                    changes += _chunk(ix, relation_ids, layouts, decoders, out)
         except SparkapplyError as exc:
             raise exc.with_context(xid=txn.xid, lsn=txn.commit_lsn) from None
     out.flush()

@@ -41,10 +41,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkapply.apply.fold.chunks import indexed_chunks
 from sparkapply.apply.fold.path import NeedsRowFold
 from sparkapply.apply.fold.rowwise import Layout, TxnInput, coalesced, uncoalesced
 from sparkapply.apply.write.columns import convert_columns, fit_table
-from sparkapply.changes.spool import read_chunks
 from sparkapply.datafiles import empty_table
 from sparkapply.errors import ApplyError, SparkapplyError
 from sparkapply.pgoutput import messages as m
@@ -107,8 +107,7 @@ def _txn(
     layouts = {r.relation_id: Layout.of(r) for r in txn.relations}
     decoders = stream_decoders(proto_version, streaming)
     for seg in txn.segments:
-        for chunk in read_chunks(seg):
-            ix = ChunkIndex.of(chunk)
+        for ix in indexed_chunks(seg):
             for i, rows in ix.runs(relation_ids):
                 if rows is None:
                     msg = decoders[bool(ix.in_stream[i])].decode(ix.payload(i))
