@@ -65,20 +65,21 @@ class Target:
     key_names: tuple[str, ...] = ()
 
     def write_rows(self, table: pa.Table) -> None:
+        kept = self._kept_keys if self.key_names else None
         for start in range(0, table.num_rows, ROWS_PER_FILE):
             part = table.slice(start, ROWS_PER_FILE)
-            self.result.added.append(self.writer.write(part, self._written))
+            self.result.added.append(self.writer.write(part, kept))
             self.result.rows_written += part.num_rows
 
     def write_positions(self, positions: dict[str, np.ndarray]) -> None:
-        info = self.writer.write_deletes(positions, remember_positions if self.key_names else None)
+        kept = remember_positions if self.key_names else None
+        info = self.writer.write_deletes(positions, kept)
         if info is not None:
             self.result.deletes.append(info)
             self.result.rows_removed += info.record_count
 
-    def _written(self, uri: str, table: pa.Table) -> None:
-        if self.key_names:
-            remember_columns(uri, self.key_names, table.select(list(self.key_names)))
+    def _kept_keys(self, uri: str, table: pa.Table) -> None:
+        remember_columns(uri, self.key_names, table.select(list(self.key_names)))
 
 
 def write_effect(effect: NetEffect, key_names: Sequence[str], target: Target) -> WriteResult:
