@@ -169,7 +169,10 @@ def plan_batch(
     for ident, rels in versions.by_table.items():
         held = applied(ident)
         lane = table_lanes.get(".".join(ident), [])
-        ordinals = tuple(o for o in lane if batch[o].commit_lsn > held)
+        if lane and batch[lane[0]].commit_lsn > held:
+            ordinals = tuple(lane)  # the usual case: none of it applied yet
+        else:
+            ordinals = tuple(o for o in lane if batch[o].commit_lsn > held)
         skipped += len(lane) - len(ordinals)
         if not ordinals:
             continue
@@ -179,7 +182,7 @@ def plan_batch(
                 ident=ident,
                 relation_ids=relids,
                 ordinals=ordinals,
-                insert_only=all(_only_inserts(batch[o], relids) for o in ordinals),
+                insert_only=_only_inserts(batch, ordinals, relids),
                 identity=identity_kind({identity_of(r) for r, _ in rels}),
                 key_names=tuple(c.name for c in full_identity(rels[-1][0]).columns if c.is_key),
             )
@@ -187,6 +190,20 @@ def plan_batch(
     return BatchPlan(tuple(plans), skipped)
 
 
-def _only_inserts(txn: CommittedTxn, relids: frozenset[int]) -> bool:
-    mutated = txn.mutated_relation_ids
-    return mutated is not None and not relids.intersection(mutated)
+def _only_inserts(
+    batch: Sequence[CommittedTxn], ordinals: Sequence[int], relids: frozenset[int]
+) -> bool:
+    """No transaction at ``ordinals`` updates, deletes from or truncates the table.
+    Transactions received whole share the set of what they mutate: each set is
+    looked at once in a row of them."""
+    last: frozenset[int] | None = None
+    for o in ordinals:
+        mutated = batch[o].mutated_relation_ids
+        if mutated is None:
+            return False
+        if mutated is last:
+            continue
+        if not relids.isdisjoint(mutated):
+            return False
+        last = mutated
+    return True

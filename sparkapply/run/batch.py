@@ -24,7 +24,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,7 +32,7 @@ from pyiceberg.types import ListType
 from pyspark.sql import SparkSession
 
 from sparkapply import collector
-from sparkapply.apply.fold.rowwise import Runs, TxnInput
+from sparkapply.apply.fold.rowwise import TxnInput
 from sparkapply.apply.job import run_tasks
 from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.apply.write.locate import warm as warm_files
@@ -54,6 +54,7 @@ from sparkapply.plan.batch import (
     plan_batch,
     relation_versions,
 )
+from sparkapply.run.shares import BatchShares, StagedShare
 from sparkapply.sink import contract
 from sparkapply.sink.cuts import CutLog
 from sparkapply.sink.locks import TableLocks
@@ -98,78 +99,6 @@ class BatchStats:
     @property
     def rows_removed(self) -> int:
         return sum(r.rows_removed for r in self.results)
-
-
-class _StagedShare:
-    """One table's use of the pieces staged while its transactions arrived."""
-
-    def __init__(self, table: str) -> None:
-        self.table = table
-        self.files: list[str] = []
-        self.rows = 0
-        self.changes = 0
-        self.updates = 0
-        self.deletes = 0
-        self.keyed: tuple[PieceFiles, ...] = ()  # pieces the task composes (fold/staged.py)
-
-    def input(
-        self,
-        ordinal: int,
-        txn: CommittedTxn,
-        relids: frozenset[int],
-        schema_id: int | None,
-        *,
-        keyed: bool = False,
-    ) -> TxnInput:
-        """The task's share of ``txn``: the spool after its staged pieces when the
-        table may use them (``schema_id``: the batch only appends to it, or, with
-        ``keyed``, ``txn`` is its only transaction in the batch), else all of it."""
-        segments = txn.segments
-        relations = _relations_of(txn, relids)
-        use = (
-            txn.staged.use(self.table, relids, schema_id, keyed=keyed)
-            if txn.staged is not None and schema_id is not None
-            else None
-        )
-        if use is not None:
-            segments = use.remainder
-            relations = tuple(r for r in use.relations if r.relation_id in relids)
-            self.files += use.files
-            self.rows += use.rows
-            self.changes += use.changes
-            self.updates += use.updates
-            self.deletes += use.deletes
-            self.keyed += use.keyed
-        return TxnInput(
-            ordinal=ordinal,
-            xid=txn.xid,
-            commit_lsn=int(txn.commit_lsn),
-            segments=segments,
-            relations=relations,
-        )
-
-    def add_to(self, result: TableResult) -> None:
-        result.added = [*result.added, *self.files]
-        result.rows_written += self.rows
-        result.n_changes += self.changes
-        result.n_inserts += self.changes - self.updates - self.deletes
-        result.n_updates += self.updates
-        result.n_deletes += self.deletes
-
-    def result(self, last_commit_lsn: int) -> TableResult:
-        result = TableResult(self.table, last_commit_lsn=last_commit_lsn, path="staged")
-        self.add_to(result)
-        return result
-
-
-def _relations_of(txn: CommittedTxn, relids: frozenset[int]) -> tuple[m.Relation, ...]:
-    """``txn``'s relation cache entries of one table (called per transaction per
-    table: 80,000 times for a backlog of 20,000 pgbench transactions)."""
-    if len(relids) == 1:
-        (relid,) = relids
-        rel = txn.relations.get(relid)
-        return () if rel is None else (rel,)
-    return tuple(r for rid, r in txn.relations.items() if rid in relids)
 
 
 def _merged(a: BatchStats, b: BatchStats) -> BatchStats:
@@ -321,15 +250,16 @@ class Applier:
         stats.skipped = plan.skipped
         tasks: list[TableTask] = []
         planned: dict[str, contract.TableState] = {}
-        shares: dict[str, _StagedShare] = {}  # tables that use staged files
+        shares: dict[str, StagedShare] = {}  # tables that use staged files
         direct: list[TableResult] = []  # tables whose changes were all staged
         used: set[str] = set()
+        batch_shares = BatchShares(batch)
         for tp in plan.tables:
             state = planned[tp.name] = loaded[tp.ident]
             if self._columnless_table(tp.name, state):
                 continue
-            staged = _StagedShare(tp.name)
-            txns = self._inputs(tp, state, batch, staged)
+            staged = StagedShare(tp.name)
+            txns = self._inputs(tp, state, batch_shares, staged)
             if staged.files or staged.keyed:
                 used.update(staged.files)
                 shares[tp.name] = staged
@@ -353,7 +283,9 @@ class Applier:
             again = [tp for tp in plan.tables if tp.name in unstaged]
             results = [r for r in results if not r.unstaged] + self._run(
                 [
-                    self._task(tp, planned[tp.name], self._inputs(tp, planned[tp.name], batch))
+                    self._task(
+                        tp, planned[tp.name], self._inputs(tp, planned[tp.name], batch_shares)
+                    )
                     for tp in again
                 ]
             )
@@ -420,29 +352,17 @@ class Applier:
         self,
         tp: TablePlan,
         state: contract.TableState,
-        batch: Sequence[CommittedTxn],
-        staged: _StagedShare | None = None,
+        shares: BatchShares,
+        staged: StagedShare | None = None,
     ) -> tuple[TxnInput, ...]:
         """The table's transactions as its task reads them: with ``staged``, less what
         the pieces staged while they arrived, when the table may use them (the batch
         only appends to it; or its one transaction in the batch, keyed, updates it)."""
-        share = staged or _StagedShare(tp.name)
+        share = staged or StagedShare(tp.name)
         keyed = not tp.insert_only and tp.identity == "key" and len(tp.ordinals) == 1
         usable = staged is not None and (tp.insert_only or keyed)
         schema_id = state.table.schema().schema_id if usable else None
-        relids = tp.relation_ids
-        runs = Runs()
-        last: Mapping[int, m.Relation] | None = None  # shared by transactions received whole
-        rels: tuple[m.Relation, ...] = ()
-        for o in tp.ordinals:
-            txn = batch[o]
-            if txn.staged is None or schema_id is None:  # most: no object per share
-                if txn.relations is not last:
-                    last, rels = txn.relations, _relations_of(txn, relids)
-                runs.add_one(o, txn.xid, int(txn.commit_lsn), txn.segments, rels)
-            else:
-                runs.add(share.input(o, txn, relids, schema_id, keyed=keyed))
-        return tuple(runs.inputs())
+        return shares.inputs(tp.ordinals, tp.relation_ids, share, schema_id, keyed=keyed)
 
     def _run(self, tasks: list[TableTask]) -> list[TableResult]:
         return run_tasks(
