@@ -59,6 +59,7 @@ from sparkapply.errors import CommitConflictError, SinkError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.sink.commit import StagedSnapshot, resolve_unclear_outcome
 from sparkapply.sink.files import delete_paths
+from sparkapply.sink.metadata_json import METADATA_JSON
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ def _write_metadata(catalog: SqlCatalog, staged: StagedSnapshot) -> _Swap:
     version = catalog._parse_metadata_version(table.metadata_location) + 1
     provider = load_location_provider(metadata.location, metadata.properties)
     location = provider.new_table_metadata_file_location(version)
-    catalog._write_metadata(metadata, table.io, location)
+    METADATA_JSON.write(metadata, table.io, location)
     return _Swap(staged, metadata, location)
 
 
