@@ -131,7 +131,18 @@ class Assembler:
         """Committed transactions for the next batch, in commit order (only those
         with a commit LSN at most ``through``, when it is given)."""
         self.spool.flush_shared()
-        out: list[tuple[CommittedTxn, list[int]]] = []
+        ready = self.ready
+        if (
+            ready
+            and len(ready) <= max_txns
+            and self.ready_bytes <= max_bytes
+            and (through is None or ready[-1][0].commit_lsn <= through)
+        ):  # all of it (commit LSNs only grow): a backlog's batch takes thousands
+            out = list(ready)
+            ready.clear()
+            self.ready_bytes = 0
+            return out
+        out = []
         nbytes = 0
         while self.ready and len(out) < max_txns:
             txn = self.ready[0][0]

@@ -41,10 +41,15 @@ class Progress:
             self._advance()
 
     def _advance(self) -> None:
-        while self._items and self._items[0][1]:
-            end = self._items.popleft()[0]
-            if end > self._flushed:
-                self._flushed = Lsn(end)
+        # A batch completes thousands of items at once: one Lsn for all of them.
+        items = self._items
+        top = int(self._flushed)
+        while items and items[0][1]:
+            end = items.popleft()[0]
+            if end > top:
+                top = end
+        if top > self._flushed:
+            self._flushed = Lsn(top)
 
     @property
     def flushed(self) -> Lsn:

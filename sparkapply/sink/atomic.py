@@ -196,6 +196,9 @@ def _swap_pointer(catalog: SqlCatalog, session: Session, swap: _Swap) -> None:
             IcebergTables.metadata_location == old,
         )
         .values(metadata_location=swap.metadata_location, previous_metadata_location=old)
+        # The session holds no catalog rows to bring up to date: evaluating the
+        # WHERE clause against them was half of this function.
+        .execution_options(synchronize_session=False)
     )
     if result.rowcount < 1:  # type: ignore[attr-defined]
         raise CommitConflictError(

@@ -11,6 +11,7 @@ import pytest
 from sparkapply.changes.progress import Progress
 from sparkapply.changes.spool import read_records
 from sparkapply.changes.staged import ClosedChunk
+from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.errors import ProtocolError, StateError
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import encode
@@ -319,6 +320,53 @@ def _small_transactions(rnd: random.Random) -> list[m.Message]:
                 out.append(m.Delete(None, relid, "K", tup))
         out.append(m.Commit(0, lsn - 10, lsn, xid))
     return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batch_takes_what_fits_in_commit_order(tmp_path: Path, seed: int) -> None:
+    """Under any limits a batch takes what a pass one transaction at a time takes (the
+    first always, then while they fit), received in bursts as under pgbench; what is
+    left keeps its count and bytes."""
+    rnd = random.Random(seed)
+    f = Feed(tmp_path)
+    f.asm.relations[REL.relation_id] = REL
+    frames = _frames([REL2, *_small_transactions(rnd)])
+    for i in range(0, len(frames), 50):
+        f.asm.feed_frames([fr for _, fr in frames[i : i + 50]], XLOG_DATA_HEADER.size)
+    ready = [t for t, _ in f.asm.ready]
+    assert len(ready) > 300
+    while ready:
+        max_txns = rnd.choice((1, 7, 60, 10_000))
+        max_bytes = rnd.choice((1, 500, 8_000, 1 << 30))
+        through = rnd.choice((None, ready[min(len(ready) - 1, rnd.randint(0, 80))].commit_lsn))
+        want: list[CommittedTxn] = []
+        nbytes = 0
+        for t in ready:
+            full = len(want) >= max_txns or (want and nbytes + t.nbytes > max_bytes)
+            if full or (through is not None and t.commit_lsn > through):
+                break
+            want.append(t)
+            nbytes += t.nbytes
+        got = [t for t, _ in f.asm.take_ready(max_bytes, max_txns, through=through)]
+        assert got == want
+        ready = ready[len(want) :]
+        backlog = f.asm.backlog()
+        assert (backlog.transactions, backlog.nbytes) == (len(ready), sum(t.nbytes for t in ready))
+
+
+def test_a_completed_batch_moves_the_flush_lsn_past_all_of_it() -> None:
+    p = Progress(Lsn(5))
+    items = p.add_many([Lsn(10 + i) for i in range(1000)])
+    later = p.add(5000, done=False)
+    p.mark_done(items[:400])
+    assert p.flushed == 409
+    assert isinstance(p.flushed, Lsn)
+    p.mark_done(items[400:])
+    assert p.flushed == 1009
+    assert p.pending == 1
+    p.mark_done([later])
+    assert p.flushed == 5000
+    assert p.pending == 0
 
 
 @pytest.mark.parametrize("seed", range(6))
