@@ -7,22 +7,39 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Iterator
+
+_lock = threading.Lock()
+_inside = 0  # threads inside paused()
+_turned_off = False  # paused() turned the collector off (and turns it on again)
 
 
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
-    """No cyclic collection inside; the collector runs again after. When it was off
-    already, it stays off. (Threads share the collector: whichever resumes it first
-    ends another thread's pause too, which only costs time.)"""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
+    """No cyclic collection inside; the collector runs again once no thread is inside.
+    When it was off already, it stays off.
+
+    Counted across threads: the receiving thread goes in and out of its pause at
+    every burst while the apply thread folds a batch inside its own, and a pause that
+    ended with the first thread out let collections run inside the other's loops
+    (over the batch's thousands of transactions, received and still held). Between
+    two batches both are out, so under a steady load the collector still runs once a
+    batch."""
+    global _inside, _turned_off
+    with _lock:
+        if _inside == 0 and gc.isenabled():
+            gc.disable()
+            _turned_off = True
+        _inside += 1
     try:
         yield
     finally:
-        gc.enable()
+        with _lock:
+            _inside -= 1
+            if _inside == 0 and _turned_off:
+                _turned_off = False
+                gc.enable()
 
 
 @contextlib.contextmanager
