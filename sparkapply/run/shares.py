@@ -20,18 +20,14 @@ SPANS, JOINED ONCE PER BATCH
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
-from sparkapply.apply.fold.rowwise import Part, Runs, TxnInput
+from sparkapply.apply.fold.rowwise import Runs, TxnInput
 from sparkapply.apply.tasks import TableResult
-from sparkapply.changes.spool import SpoolSegment
 from sparkapply.changes.staged import PieceFiles
 from sparkapply.changes.transaction import CommittedTxn
 from sparkapply.pgoutput import messages as m
-
-# A span: its first transaction (whose cache entries each table reads), and the span
-# as an input with no relations yet.
-Span = tuple[CommittedTxn, TxnInput]
 
 
 class StagedShare:
@@ -110,7 +106,7 @@ class BatchShares:
 
     def __init__(self, batch: Sequence[CommittedTxn]) -> None:
         self._batch = batch
-        self._spans: dict[tuple[int, ...], list[Span]] = {}
+        self._spans: dict[tuple[int, ...], list[TxnInput]] = {}
         self._staged: frozenset[int] | None = None
 
     def inputs(
@@ -126,8 +122,8 @@ class BatchShares:
         may use staged pieces), a transaction with pieces is read through ``share``;
         the rest, and every transaction without it, from the spool."""
         batch = self._batch
+        runs = Runs()
         if schema_id is not None and not self.staged().isdisjoint(ordinals):
-            runs = Runs()
             for o in ordinals:
                 txn = batch[o]
                 if txn.staged is None:
@@ -140,23 +136,13 @@ class BatchShares:
         spans = self._spans.get(ordinals)
         if spans is None:
             spans = self._spans[ordinals] = _spans(batch, ordinals)
-        runs = Runs()
-        last: Mapping[int, m.Relation] | None = None
+        entries: tuple[m.Relation, ...] | None = None
         rels: tuple[m.Relation, ...] = ()
-        for txn, span in spans:
-            if txn.relations is not last:
-                last, rels = txn.relations, relations_of(txn, relids)
-            runs.add(
-                TxnInput(
-                    span.ordinal,
-                    span.xid,
-                    span.commit_lsn,
-                    span.segments,
-                    rels,
-                    span.members,
-                    span.parts,
-                )
-            )
+        for span in spans:
+            if span.relations is not entries:
+                entries = span.relations
+                rels = tuple(r for r in entries if r.relation_id in relids)
+            runs.add(dataclasses.replace(span, relations=rels))
         return tuple(runs.inputs())
 
     def staged(self) -> frozenset[int]:
@@ -166,45 +152,16 @@ class BatchShares:
         return self._staged
 
 
-def _spans(batch: Sequence[CommittedTxn], ordinals: Sequence[int]) -> list[Span]:
-    """The transactions at ``ordinals`` joined into spans (THE RULE, with one mapping of
-    cache entries), in order; a transaction that is not one segment is a span alone."""
-    out: list[Span] = []
-    parts: list[Part] = []
-    first = batch[ordinals[0]] if ordinals else None
-    path = ""
-    start = end = -1
-    lsn = 0
+def _spans(batch: Sequence[CommittedTxn], ordinals: Sequence[int]) -> list[TxnInput]:
+    """The transactions at ``ordinals`` joined by :class:`Runs`, each with every cache
+    entry of its mapping (one tuple per mapping): the spans every table joins further."""
+    runs = Runs()
     cache: Mapping[int, m.Relation] | None = None
+    entries: tuple[m.Relation, ...] = ()
     for o in ordinals:
         txn = batch[o]
-        segments = txn.segments
-        commit_lsn = int(txn.commit_lsn)
-        if len(segments) != 1:
-            if parts:
-                out.append(_span(first, parts, SpoolSegment(path, start, end), lsn))
-                parts = []
-            out.append((txn, TxnInput(o, txn.xid, commit_lsn, segments, ())))
-            continue
-        seg = segments[0]
-        if not (parts and seg.start == end and seg.path == path and txn.relations is cache):
-            if parts:
-                out.append(_span(first, parts, SpoolSegment(path, start, end), lsn))
-                parts = []
-            first, lsn = txn, 0
-            path, start, cache = seg.path, seg.start, txn.relations
-        parts.append((o, txn.xid, commit_lsn, seg.start))
-        end = seg.end
-        if commit_lsn > lsn:
-            lsn = commit_lsn
-    if parts:
-        out.append(_span(first, parts, SpoolSegment(path, start, end), lsn))
-    return out
-
-
-def _span(first: CommittedTxn | None, parts: list[Part], seg: SpoolSegment, lsn: int) -> Span:
-    assert first is not None
-    lead = parts[0]
-    if len(parts) == 1:
-        return first, TxnInput(lead[0], lead[1], lead[2], (seg,), ())
-    return first, TxnInput(lead[0], lead[1], lsn, (seg,), (), len(parts), tuple(parts))
+        if txn.relations is not cache:
+            cache = txn.relations
+            entries = tuple(cache.values())
+        runs.add_one(o, txn.xid, int(txn.commit_lsn), txn.segments, entries)
+    return runs.inputs()
