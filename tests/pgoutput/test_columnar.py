@@ -10,7 +10,13 @@ import pytest
 from sparkapply.errors import ProtocolError
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
-from sparkapply.pgoutput.columnar import ChangeRun, ChunkIndex, decode_changes, stream_decoders
+from sparkapply.pgoutput.columnar import (
+    ChangeRun,
+    ChunkIndex,
+    _gather,
+    decode_changes,
+    stream_decoders,
+)
 
 COLUMNS = (m.RelationColumn(1, "id", 23, -1), m.RelationColumn(0, "v", 25, -1))
 NAMES = tuple(c.name for c in COLUMNS)
@@ -200,3 +206,21 @@ def test_values_of_every_width_read_as_the_decoder_reads_them(seed: int) -> None
         if isinstance(msg, m.Update):
             assert msg.old is not None
             assert values(run, True, j) == (msg.old.kinds, msg.old.values)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_gather_takes_each_value_whatever_its_length_and_place(seed: int) -> None:
+    """Values of several lengths, some ending at the buffer's last byte (a row of the
+    masked path that would run past it), some absent: each path of the gather gives
+    the values back to back, as slicing them one by one does."""
+    rnd = np.random.default_rng(seed)
+    n = int(rnd.integers(1, 300))
+    lo, hi = [(0, 3), (1, 8), (5, 12), (60, 100), (1, 2000)][seed % 5]
+    ln = rnd.integers(lo, hi, n).astype(np.int64)
+    isval = rnd.random(n) < (0.7 if seed % 2 else 1.0)
+    ln[~isval] = 0
+    gaps = rnd.integers(0, 3, n)
+    start = np.cumsum(gaps + np.concatenate([[0], ln[:-1]])).astype(np.int64)
+    b = rnd.integers(0, 256, int(start[-1] + ln[-1]), dtype=np.uint8)  # the last ends at the end
+    expected = b"".join(bytes(b[s : s + w]) for s, w, v in zip(start, ln, isval, strict=True) if v)
+    assert bytes(_gather(b, start, ln, isval)) == expected

@@ -252,9 +252,8 @@ class EventLog:
         the run's rows): their puts, or their removes."""
         if len(rows) == 0:
             return
-        idx = pa.array(rows)
-        for c, values in zip(self.columns, identity, strict=True):
-            c.append(values.take(idx))
+        for c, values in zip(self.columns, at_rows(identity, rows), strict=True):
+            c.append(values)
         self.numbers.append((part.base + rows.astype(np.int64, copy=False)) * 2 + (1 if put else 0))
         self.puts.append(np.full(len(rows), put))
         self.ops.append(part.run.ops[rows])
@@ -278,6 +277,18 @@ class EventLog:
 
 
 RawColumns = Callable[[int, FoldPart, np.ndarray, np.ndarray], dict[str, pa.Array]]
+
+
+def at_rows(columns: Sequence[pa.Array], rows: np.ndarray) -> list[pa.Array]:
+    """``columns`` (of one length) at ``rows``, ascending and distinct: all of them as
+    they are, else a filter, several times faster than a take of the same rows (20,000
+    text values, nine in ten kept: 50 against 175 µs)."""
+    if not columns or len(rows) == len(columns[0]):
+        return list(columns)
+    mask = np.zeros(len(columns[0]), bool)
+    mask[rows] = True
+    kept = pa.array(mask)
+    return [c.filter(kept) for c in columns]
 
 
 def gather_rows(st: FoldInput, g: Grouped, keep: np.ndarray, raw: RawColumns) -> pa.Table:

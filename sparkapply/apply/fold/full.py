@@ -163,8 +163,7 @@ def _net(st: events.FoldInput) -> FullEffect:
     def raw(
         p_i: int, part: events.FoldPart, rows: np.ndarray, at: np.ndarray
     ) -> dict[str, pa.Array]:
-        idx = pa.array(rows)
-        return {name: filled[p_i][i].take(idx) for i, name in enumerate(part.layout.names)}
+        return dict(zip(part.layout.names, events.at_rows(filled[p_i], rows), strict=True))
 
     effect.upserts = events.gather_rows(st, g, keep, raw)
     if not st.truncated and from_pre.any():

@@ -163,12 +163,7 @@ def _upserts(st: events.FoldInput, g: events.Grouped) -> tuple[pa.Table, dict[st
     def raw(
         p_i: int, part: events.FoldPart, rows: np.ndarray, at: np.ndarray
     ) -> dict[str, pa.Array]:
-        values = part.run.new.values
-        if len(rows) == len(part.run.ops):  # every row kept, in order: no copy
-            out = dict(zip(part.layout.names, values, strict=True))
-        else:
-            idx = pa.array(rows)
-            out = {name: values[i].take(idx) for i, name in enumerate(part.layout.names)}
+        out = dict(zip(part.layout.names, events.at_rows(part.run.new.values, rows), strict=True))
         for name, (src, combined) in sources.items():
             if name not in out:
                 fills.setdefault(name, []).append(np.zeros(len(rows), bool))
