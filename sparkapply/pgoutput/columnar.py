@@ -97,9 +97,9 @@ def _gather(b: np.ndarray, start: np.ndarray, ln: np.ndarray, isval: np.ndarray)
         rows: np.ndarray = sliding_window_view(b, width)[start[isval]]
         return rows.reshape(-1)
     total = int(lengths.sum())
-    width = int(lengths.max())
-    if width * len(lengths) <= 4 * total:
-        return _gather_masked(b, start[isval], lengths, width)
+    longest = int(lengths.max())
+    if longest * len(lengths) <= 4 * total:
+        return _gather_masked(b, start[isval], lengths, longest)
     small = len(b) < 1 << 31 and total >= 16 * len(lengths)
     kind = np.int32 if small else np.int64
     offsets = np.zeros(len(ln), kind)
