@@ -33,6 +33,7 @@ from psycopg import sql
 from sparkapply.convert.types import PgColumnType, columns_as_text
 from sparkapply.errors import PublicationError
 from sparkapply.pgoutput.messages import Relation, RelationColumn
+from sparkapply.source.publisher import publication_rows
 
 DEFAULT_SLICE_BYTES = 64 * 1024 * 1024
 """Heap bytes per slice: one Spark task, one Parquet data file."""
@@ -124,11 +125,12 @@ def published_tables(
     conn: psycopg.Connection[Any], publications: Sequence[str]
 ) -> list[tuple[str, str]]:
     """``(schema, table)`` of every table the publications publish, sorted."""
-    rows = conn.execute(
+    rows = publication_rows(
+        conn,
         "SELECT DISTINCT schemaname, tablename FROM pg_publication_tables "
         "WHERE pubname = ANY(%s) ORDER BY 1, 2",
         (list(publications),),
-    ).fetchall()
+    )
     return [(str(s), str(t)) for s, t in rows]
 
 
@@ -151,7 +153,7 @@ def describe_tables(
     block_size = int(block_row[0]) if block_row else 8192
     wanted = set(only) if only is not None else None
     grouped: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
-    for row in conn.execute(query, (list(publications),)).fetchall():
+    for row in publication_rows(conn, query, (list(publications),)):
         key = (str(row[0]), str(row[1]))
         if wanted is None or key in wanted:
             grouped.setdefault(key, []).append(tuple(row))

@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 
@@ -57,6 +57,32 @@ _PUBLISHED_TABLES = """
     WHERE pt.pubname = ANY(%s)
     ORDER BY 1, 2
 """
+
+
+# A table dropped while pg_publication_tables is read fails the query (see
+# publication_rows); asked again, it is gone. More drops than this in a row, each
+# under the query, are not a race but a fault.
+DROPPED_MEANWHILE_TRIES = 5
+
+
+def publication_rows(
+    conn: psycopg.Connection[Any], query: str, params: Sequence[Any]
+) -> list[tuple[Any, ...]]:
+    """The rows of a query on ``pg_publication_tables``, which lists the published
+    tables and then opens each (PostgreSQL 16 on, to name its columns): a table dropped
+    in between fails the query with XX000 "could not open relation with OID". That
+    table is no longer published, so the query is asked again, in a savepoint when the
+    connection is inside a transaction (the copy's snapshot)."""
+    for _ in range(DROPPED_MEANWHILE_TRIES - 1):
+        try:
+            with conn.transaction():
+                return conn.execute(query, params).fetchall()
+        except psycopg.errors.InternalError_ as exc:
+            if "could not open relation" not in str(exc):
+                raise
+            log.info("a published table was dropped while the publication was read; again")
+    with conn.transaction():
+        return conn.execute(query, params).fetchall()
 
 
 def _identity(replident: str, has_index: bool) -> Identity:
@@ -117,7 +143,7 @@ def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, li
                 hint="CREATE PUBLICATION <name> FOR TABLE ... (or FOR ALL TABLES) on the "
                 "publisher, or fix [source] publication",
             )
-        rows = conn.execute(_PUBLISHED_TABLES, (list(publications),)).fetchall()
+        rows = publication_rows(conn, _PUBLISHED_TABLES, (list(publications),))
     tables = []
     for schema, name, attnames, rowfilter, replident, has_index in rows:
         identity = _identity(replident, has_index)
