@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,10 +157,19 @@ class Assembler:
 
     def release(self, txn: CommittedTxn) -> None:
         """The transaction is durable: its spool bytes are no longer needed."""
-        for path in txn.cleanup:
-            self.spool.release(path)
-        if txn.kind == "prepared":
-            self.prepared.remove(txn.xid)
+        self.release_all((txn,))
+
+    def release_all(self, txns: Iterable[CommittedTxn]) -> None:
+        """:meth:`release` of each: a batch's thousands of transactions share a few
+        spool files, so each file is released once, by how many referenced it."""
+        refs: dict[tuple[str, ...], int] = {}  # the run of a burst shares one tuple
+        for txn in txns:
+            refs[txn.cleanup] = refs.get(txn.cleanup, 0) + 1
+            if txn.kind == "prepared":
+                self.prepared.remove(txn.xid)
+        for paths, n in refs.items():
+            for path in paths:
+                self.spool.release(path, n)
 
     # -- input ----------------------------------------------------------------------
 

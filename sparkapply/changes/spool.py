@@ -210,11 +210,11 @@ class SpoolDirectory:
         """Committed transactions reference ``path``, each until its :meth:`release`."""
         self._refs[path] = self._refs.get(path, 0) + transactions
 
-    def release(self, path: str) -> None:
-        """A transaction that referenced ``path`` is durable; the file is deleted with
-        its last reference, unless it is the shared file still being appended to
+    def release(self, path: str, n: int = 1) -> None:
+        """``n`` transactions that referenced ``path`` are durable; the file is deleted
+        with its last reference, unless it is the shared file still being appended to
         (then it goes at rotation)."""
-        refs = self._refs.get(path, 0) - 1
+        refs = self._refs.get(path, 0) - n
         if refs > 0:
             self._refs[path] = refs
             return

@@ -22,6 +22,7 @@ caller's general path then reads and, if it is malformed, reports. Layouts from
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -102,11 +103,9 @@ def whole_run(
     if n == 0:
         return None
     sub = frames[start:end]
-    head = [sub[k] for k in begins.tolist()]
-    tail = [sub[k] for k in commits.tolist()]
-    body = [sub[k] for k in changes.tolist()]
-    fields = np.frombuffer(_gather(tail, header + 1, COMMIT_SIZE - 1), _COMMIT_FIELDS)
-    relids = np.frombuffer(_gather(body, header + 1, 4), ">u4")
+    head, tail, body = _pick(sub, begins), _pick(sub, commits), _pick(sub, changes)
+    fields = np.frombuffer(b"".join(tail), _commit_frame(header))
+    relids = _u32_at(b"".join(body), sizes[changes], header + 1)
     known = np.fromiter(described, np.int64, len(described))
     # The change's own transaction goes: its BEGIN is the last one before it.
     unknown = changes[~np.isin(relids, known)]
@@ -120,7 +119,7 @@ def whole_run(
         head = head[:n]
         if n == 0:
             return None
-    xids = np.frombuffer(_gather(head, header + BEGIN_XID_AT, 4), ">u4")
+    xids = np.frombuffer(b"".join(head), _begin_frame(header))["xid"]
     counts = commits - begins - 1
     bounds = np.concatenate(([0], np.cumsum(counts)))
     return WholeRun(
@@ -150,6 +149,35 @@ def _changes_before(changes: np.ndarray, commits: np.ndarray) -> int:
     return int(np.searchsorted(changes, commits[-1], "left")) if len(commits) else 0
 
 
-def _gather(frames: list[memoryview], at: int, width: int) -> bytes:
-    """Bytes ``at`` to ``at + width`` of each frame, joined."""
-    return b"".join(map(itemgetter(slice(at, at + width)), frames))
+# The fields are read from whole frames joined, through a dtype of the frame (BEGIN
+# and COMMIT have one size) or at offsets into the joined frames (changes): a slice of
+# each frame cost 0.27 µs, 40% of the run's reading.
+
+
+def _pick(frames: Sequence[memoryview], at: np.ndarray) -> tuple[memoryview, ...]:
+    """``frames`` at the positions ``at``."""
+    if len(at) > 1:
+        picked: tuple[memoryview, ...] = itemgetter(*at.tolist())(frames)
+        return picked
+    return tuple(frames[k] for k in at.tolist())
+
+
+@functools.cache
+def _commit_frame(header: int) -> np.dtype[np.void]:
+    """A COMMIT frame: its XLogData head and tag, then the fields."""
+    return np.dtype([("head", f"V{header + 1}"), *_COMMIT_FIELDS.descr])
+
+
+@functools.cache
+def _begin_frame(header: int) -> np.dtype[np.void]:
+    """A BEGIN frame: its XLogData head and the message up to the xid, then the xid."""
+    return np.dtype([("head", f"V{header + BEGIN_XID_AT}"), ("xid", ">u4")])
+
+
+def _u32_at(joined: bytes, sizes: np.ndarray, at: int) -> np.ndarray:
+    """The big-endian unsigned 32-bit integer ``at`` bytes into each of the frames
+    of ``sizes`` joined in ``joined``."""
+    starts = np.cumsum(sizes) - sizes + at
+    data = np.frombuffer(joined, np.uint8)
+    found: np.ndarray = data[starts[:, None] + np.arange(4)].view(">u4").ravel()
+    return found

@@ -192,8 +192,7 @@ class BatchScheduler:
             raise RuntimeError("complete() of a batch that is not the running one")
         self._running = None
         self._completed_at = self._clock()
-        for txn, _ in batch.items:
-            self._assembler.release(txn)
+        self._assembler.release_all([txn for txn, _ in batch.items])
         self._progress.mark_done([item for _, item in batch.items])
 
     def idle(self) -> bool:

@@ -144,3 +144,15 @@ def test_an_index_that_disagrees_with_the_file_is_not_trusted(tmp_path: Path) ->
         f.write((999).to_bytes(8, "little"))  # a wrong start
     got = list(read_records(spool.SpoolSegment(str(tmp_path / "s.spool"), 0, w.offset)))
     assert got == [(b"x" * i, False) for i in range(10)]
+
+
+def test_a_batch_releases_a_file_by_how_many_of_its_transactions_used_it(tmp_path: Path) -> None:
+    spool = SpoolDirectory(tmp_path, rotate_bytes=10)
+    first = spool.shared()
+    first.append(b"0123456789", False)
+    spool.hold(str(first.path), 3)
+    spool.shared()  # rotated: the old file lives as long as a transaction holds it
+    spool.release(str(first.path), 2)
+    assert first.path.exists()
+    spool.release(str(first.path), 1)
+    assert not first.path.exists()

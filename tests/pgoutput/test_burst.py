@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.burst import frame_tags, whole_run
@@ -85,3 +87,28 @@ def test_a_frame_without_a_message_matches_nothing() -> None:
     run = whole_run(fs, tags, 0, HEADER, ())
     assert run is not None and run.xids == [6]
     assert whole_run(fs, tags, 2, HEADER, ()) is None
+
+
+def test_fields_are_read_from_frames_of_any_size_and_up_to_an_unknown_relation() -> None:
+    # Changes of many sizes, so each field is found at its own offset in the frames
+    # joined; a transaction on relation 300 (not described) ends the run before it.
+    rng = random.Random(18)
+    msgs: list[m.Message] = []
+    expected: list[tuple[int, list[int], list[bytes]]] = []
+    for xid in range(1, 40):
+        changes: list[m.Insert] = []
+        for _ in range(rng.randrange(0, 5)):
+            value = b"x" * rng.randrange(0, 300)
+            rel = rng.choice((100, 200))
+            changes.append(m.Insert(None, rel, m.TupleData(b"t", (value,))))
+        expected.append((xid, [c.relation_id for c in changes], [encode(c) for c in changes]))
+        msgs += txn(xid, *changes)
+    cut = len(msgs)
+    msgs += txn(99, m.Insert(None, 300, TUP)) + txn(100, m.Insert(None, 100, TUP))
+    run = scan(msgs)
+    assert run is not None and run.end == cut
+    assert run.xids == [x for x, _, _ in expected]
+    assert run.commit_lsns == [1000 * x for x, _, _ in expected]
+    assert run.relation_ids == [r for _, rels, _ in expected for r in rels]
+    assert [bytes(x) for x in run.messages] == [b for _, _, bs in expected for b in bs]
+    assert run.bounds[-1] == len(run.relation_ids)
