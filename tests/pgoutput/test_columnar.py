@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sparkapply.errors import ProtocolError
-from sparkapply.pgoutput import encode
+from sparkapply.pgoutput import columnar, encode
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.columnar import (
     ChangeRun,
@@ -224,3 +224,34 @@ def test_a_gather_takes_each_value_whatever_its_length_and_place(seed: int) -> N
     b = rnd.integers(0, 256, int(start[-1] + ln[-1]), dtype=np.uint8)  # the last ends at the end
     expected = b"".join(bytes(b[s : s + w]) for s, w, v in zip(start, ln, isval, strict=True) if v)
     assert bytes(_gather(b, start, ln, isval)) == expected
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["kept-places", "gathered"])
+def test_values_read_the_same_whole_at_rows_and_spread(
+    lazy: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoded column is the same gathered whole, gathered at some rows only, or
+    spread over a run of mixed changes, whether its values' places were kept
+    (``columnar.Values``) or it was gathered as it was decoded (a big run)."""
+    if not lazy:
+        monkeypatch.setattr(columnar, "LAZY_VALUES", 0)
+    rng = np.random.default_rng(18)
+    msgs: list[m.Message] = []
+    expected: list[bytes | None] = []  # the new tuples' second column (none for a DELETE)
+    for i in range(200):
+        text = None if i % 7 == 0 else b"v" * int(rng.integers(0, 40))
+        row = tup(str(i).encode(), text)
+        deleted = i % 5 == 0
+        msgs.append(m.Delete(None, 7, "K", row) if deleted else m.Insert(None, 7, row))
+        expected.append(None if deleted else text)
+    ix = ChunkIndex.of(chunk(msgs))
+    everything = np.arange(len(msgs))
+    run = decode_changes(ix.b, ix.starts, ix.ends, ix.in_stream, 7, NAMES)
+    rows = np.flatnonzero(rng.random(len(msgs)) < 0.1)
+    picked = run.new.values.at_rows(rows)  # before any column is gathered whole
+    assert picked[1].to_pylist() == [expected[r] for r in rows.tolist()]
+    assert run.new.values[1].to_pylist() == expected  # spread: deletes have no new tuple
+    assert run.new.values.at_rows(rows)[1].to_pylist() == [expected[r] for r in rows.tolist()]
+    assert run.new.values.at_rows(everything)[0].to_pylist() == [
+        None if isinstance(msg, m.Delete) else str(i).encode() for i, msg in enumerate(msgs)
+    ]
