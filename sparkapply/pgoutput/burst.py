@@ -35,6 +35,7 @@ from sparkapply.pgoutput.peek import BEGIN_SIZE, BEGIN_XID_AT, CHANGE_HEAD, COMM
 
 # Tag bytes: BEGIN, any INSERT/UPDATE/DELETE, COMMIT; as many as follow each other.
 _WHOLE = re.compile(rb"(?:B[IUD]*C)*")
+_CHANGES = re.compile(rb"[IUD]*")
 _COMMIT_FIELDS = np.dtype([("flags", "u1"), ("lsn", ">u8"), ("end", ">u8"), ("time", ">i8")])
 NO_MESSAGE = 0  # the tag of a frame that carries no message (it matches nothing)
 
@@ -105,7 +106,7 @@ def whole_run(
     sub = frames[start:end]
     head, tail, body = _pick(sub, begins), _pick(sub, commits), _pick(sub, changes)
     fields = np.frombuffer(b"".join(tail), _commit_frame(header))
-    relids = _u32_at(b"".join(body), sizes[changes], header + 1)
+    relids = u32_at(b"".join(body), sizes[changes], header + 1)
     known = np.fromiter(described, np.int64, len(described))
     # The change's own transaction goes: its BEGIN is the last one before it.
     unknown = changes[~np.isin(relids, known)]
@@ -174,7 +175,14 @@ def _begin_frame(header: int) -> np.dtype[np.void]:
     return np.dtype([("head", f"V{header + BEGIN_XID_AT}"), ("xid", ">u4")])
 
 
-def _u32_at(joined: bytes, sizes: np.ndarray, at: int) -> np.ndarray:
+def changes_end(tags: bytes, start: int) -> int:
+    """Where the run of change messages (INSERT, UPDATE, DELETE) from ``start`` ends,
+    by the tags of :func:`frame_tags`."""
+    found = _CHANGES.match(tags, start)  # matches at least the empty string
+    return found.end() if found is not None else start
+
+
+def u32_at(joined: bytes, sizes: np.ndarray, at: int) -> np.ndarray:
     """The big-endian unsigned 32-bit integer ``at`` bytes into each of the frames
     of ``sizes`` joined in ``joined``."""
     starts = np.cumsum(sizes) - sizes + at

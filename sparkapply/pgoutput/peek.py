@@ -21,7 +21,6 @@ _I32 = struct.Struct("!i")
 
 # Layouts for inline reads (offsets after the tag byte unless said otherwise).
 U32 = _U32
-U32_PAIR = struct.Struct("!II")  # in-stream change: xid, relation id
 BEGIN_SIZE = 21  # tag, final LSN, commit time, xid
 BEGIN_XID_AT = 17  # from the tag
 COMMIT_SIZE = 26  # tag, flags, commit LSN, end LSN, commit time

@@ -198,7 +198,7 @@ def _random_messages(rnd: random.Random) -> list[m.Message]:
                 if rnd.random() < 0.2:
                     subs.append(xid * 100 + len(subs) + 1)
                 who = rnd.choice([xid, *subs])
-                relid = 100
+                relid = rnd.choice((100, 100, 200))  # 200: described before the stream
                 if rnd.random() < 0.6:
                     out.append(m.Insert(who, relid, tup))
                 elif rnd.random() < 0.8:
