@@ -192,10 +192,10 @@ class Assembler:
 
         This loop bounds how fast a large transaction is received (PostgreSQL's own
         apply worker spends about a microsecond per change), so a run of change
-        messages of one transaction takes a path with no call per message: read the
-        routing header inline, note new subtransactions and relations, and hand the
-        run to the spool writer as one write. Everything else, and any change this
-        path cannot vouch for (too short, outside a transaction), goes through
+        messages of one transaction, and a run of whole small transactions, are read
+        column-wise, with no call per message (``_change_run``, ``_whole_txns``) and
+        handed to the spool writer as one write. Everything else, and any change these
+        paths cannot vouch for (too short, outside a transaction), goes through
         :meth:`feed`, which also raises the errors.
         """
         if armed("feed"):  # the crash tests count messages
