@@ -132,8 +132,11 @@ def malformed(what: str, tag: str = "?") -> ProtocolError:
 
 
 # Decoded tuples keep each value's place instead of its bytes only while they hold at
-# most this many values (positions take 17 bytes a value until gathered).
+# most this many values (positions take 17 bytes a value until gathered), and only
+# when their records are at least an eighth of the buffer they keep alive (a table's
+# few changes in each chunk of a big batch of other tables' would keep every chunk).
 LAZY_VALUES = 250_000
+LAZY_SHARE = 8
 
 
 class Values(Sequence[pa.Array]):
@@ -256,7 +259,7 @@ def decode_tuples(
     pos = pos + 2
     kinds: list[np.ndarray] = []
     columns: list[pa.Array | _Places] = []
-    lazy = len(pos) * len(names) <= LAZY_VALUES
+    lazy = len(pos) * len(names) <= LAZY_VALUES and LAZY_SHARE * int((ends - pos).sum()) >= len(b)
     for name in names:
         if np.any(pos >= ends):
             raise malformed(f"tuple ends before column {name!r}", tag)
