@@ -347,14 +347,14 @@ class Assembler:
         end = changes_end(tags, i)
         if end == i:
             return i
-        sizes = np.fromiter(map(len, frames[i:end]), np.int64, end - i)
+        run = frames[i:end]
+        sizes = np.fromiter(map(len, run), np.int64, end - i)
         short = np.flatnonzero(sizes < need)  # the general path says what is wrong
         if len(short):
             end = i + int(short[0])
-            sizes = sizes[: end - i]
             if end == i:
                 return i
-        run = frames[i:end]
+            run, sizes = run[: end - i], sizes[: end - i]
         joined = b"".join(run)
         relids = u32_at(joined, sizes, header + (5 if in_stream else 1))
         kinds = np.frombuffer(tags, np.uint8, end - i, i)
