@@ -21,7 +21,17 @@ ROOT = Path(sparkapply.__file__).parent
 SHARED = 0
 LAYERS: dict[str, int] = {
     **dict.fromkeys(
-        ("__init__", "errors", "lsn", "failpoints", "location", "config", "collector", "frozen"),
+        (
+            "__init__",
+            "allocator",
+            "errors",
+            "lsn",
+            "failpoints",
+            "location",
+            "config",
+            "collector",
+            "frozen",
+        ),
         SHARED,
     ),
     "embedded": SHARED,  # the bundled PostgreSQL: uses only the errors
