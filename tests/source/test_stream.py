@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from sparkapply.lsn import Lsn
 from sparkapply.pgoutput import messages as m
 from sparkapply.pgoutput.decoder import Decoder
 from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
-from sparkapply.source.connection import ReplicationConnection
+from sparkapply.source.connection import RECEIVE_BUFFER, ReplicationConnection, hold_window
 from sparkapply.source.negotiation import (
     Protocol,
     create_slot_command,
@@ -209,3 +211,27 @@ def test_a_wakeup_set_before_a_wait_ends_it_once() -> None:
     finally:
         wakeup.close()
     wakeup.set()  # after close: nothing, no error
+
+
+def test_the_socket_to_a_near_publisher_holds_a_small_receive_window(pg_dsn: str) -> None:
+    """The walsender's sends should find the window closed between paced reads
+    (connection.py, RECEIVE_BUFFER): the test server is on loopback, microseconds
+    away, so its replication socket gets the fixed buffer (Linux doubles it)."""
+    with _stream_of(pg_dsn) as stream:
+        assert stream.conn.window_held
+        sock = socket.socket(fileno=os.dup(stream.conn.fileno()))
+        try:
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) in (
+                RECEIVE_BUFFER,
+                2 * RECEIVE_BUFFER,
+            )
+        finally:
+            sock.close()
+
+
+def test_a_socket_that_is_not_tcp_keeps_the_kernels_buffer() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        before = left.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        assert not hold_window(left.fileno())
+        assert left.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == before
