@@ -107,8 +107,7 @@ def connect(
 # a WAN, where autotuning is left alone.
 RECEIVE_BUFFER = 256 * 1024
 NEAR_RTT_US = 1_000
-_TCP_INFO_RTT = struct.Struct("=I")  # tcpi_rtt (µs), at this offset of struct tcp_info
-_TCP_INFO_RTT_AT = 68
+_TCP_INFO_RTT_AT = 68  # offset of tcpi_rtt (µs, a native u32) in Linux's struct tcp_info
 
 
 def hold_window(fd: int) -> bool:
@@ -121,7 +120,7 @@ def hold_window(fd: int) -> bool:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         if len(info) < _TCP_INFO_RTT_AT + 4:
             return False
-        (rtt,) = _TCP_INFO_RTT.unpack_from(info, _TCP_INFO_RTT_AT)
+        (rtt,) = struct.unpack_from("=I", info, _TCP_INFO_RTT_AT)
         if rtt >= NEAR_RTT_US:
             return False
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
@@ -218,7 +217,7 @@ class ReplicationConnection:
                 raise ConnectionLostError(f"no answer to START_REPLICATION from {self._where}")
             self._raise_from(res, "START_REPLICATION")
         self._pgconn.nonblocking = 1
-        self.window_held = hold_window(self._pgconn.socket)
+        self.window_held = hold_window(self.fileno())
 
     # -- COPY BOTH -------------------------------------------------------------------
 
@@ -235,7 +234,7 @@ class ReplicationConnection:
             if nbytes > 0:
                 return data
         if nbytes == 0 and timeout > 0:
-            fd = self._pgconn.socket
+            fd = self.fileno()
             waits: list[int | Wakeup] = [fd] if wakeup is None else [fd, wakeup]
             ready, _, _ = select.select(waits, [], [], timeout)
             if fd in ready:
@@ -327,6 +326,6 @@ class ReplicationConnection:
         try:
             self._pgconn.put_copy_data(payload)
             while self._pgconn.flush() == 1:
-                select.select([], [self._pgconn.socket], [], 1.0)
+                select.select([], [self.fileno()], [], 1.0)
         except psycopg.OperationalError as exc:
             raise ConnectionLostError(f"cannot write to {self._where}: {exc}") from exc
