@@ -33,7 +33,6 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -231,7 +230,7 @@ class Assembler:
         writer = self.spool.shared()
         path = str(writer.path)
         cleanup = (path,)
-        offsets = writer.extend(run.messages, False)
+        offsets = writer.extend_frames(run.changes, run.change_sizes, False)
         self._forget_stale_touched()
         touched = self._touched
         relids, change_tags, bounds = run.relation_ids, run.change_tags, run.bounds
@@ -355,14 +354,13 @@ class Assembler:
             if end == i:
                 return i
             run, sizes = run[: end - i], sizes[: end - i]
-        joined = b"".join(run)
+        joined = bytearray().join(run)
         relids = u32_at(joined, sizes, header + (5 if in_stream else 1))
         kinds = np.frombuffer(tags, np.uint8, end - i, i)
         for relid in _in_order(relids):
             if relid not in txn.relation_ids:
                 txn.touch(relid, self.relations)
         txn.mutated.update(_in_order(relids[kinds != TAG_INSERT]))
-        payloads = list(map(itemgetter(slice(header, None)), run))
         if in_stream:
             xids = u32_at(joined, sizes, header + 1)
             subxacts = txn.subxacts
@@ -371,14 +369,14 @@ class Assembler:
                 for x, k in zip(*_first_seen(xids), strict=True)
                 if x != txn.xid and x not in subxacts
             ]
-            offsets = txn.writer.extend(payloads, in_stream)
+            offsets = txn.writer.extend_frames(joined, sizes, in_stream)
             for x, k in fresh:
                 subxacts[x] = offsets[k]  # where the subtransaction starts
         else:
-            txn.writer.extend(payloads, in_stream)
+            txn.writer.extend_frames(joined, sizes, in_stream)
         i = end
-        if payloads:
-            txn.n_changes += len(payloads)
+        if len(sizes):
+            txn.n_changes += len(sizes)
             stager = self.stager
             if (
                 in_stream

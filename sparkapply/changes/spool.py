@@ -1,8 +1,15 @@
 """On-disk spool of raw pgoutput change messages.
 
 A record is ``u32 length, u8 flags, payload``; flag bit 0 says the payload was sent
-inside a stream block (it carries the xid prefix). Executors read records back by
-``(path, start, end)`` segment; nothing in a record depends on driver memory.
+inside a stream block (it carries the xid prefix). Flag bit 1 says the record is a
+whole XLogData frame as received, its head overwritten by the record's own: the
+payload's first :data:`FRAME_PAD` bytes are what is left of that head, and the
+message follows. The receiving thread spools a run of frames that way in one write
+of the frames joined (:meth:`SpoolWriter.extend_frames`), where cutting each message
+out of its frame and writing a header before it cost a microsecond a change (a
+20,000-transaction pgbench backlog is 80,000 of them), for 20 bytes a record more.
+Executors read records back by ``(path, start, end)`` segment; nothing in a record
+depends on driver memory.
 
 Beside each spool file, ``<file>.idx`` lists every record's start offset (little-endian
 int64), appended when the writer flushes. Finding records by walking their length
@@ -36,10 +43,14 @@ import numpy as np
 
 from sparkapply.errors import StateError
 from sparkapply.frozen import hot_frozen
+from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
 
 _HEADER = struct.Struct("!IB")
 FLAG_IN_STREAM = 1
+FLAG_FRAMED = 2
 RECORD_OVERHEAD = _HEADER.size  # bytes a record adds to its payload
+# What is left of a framed record's XLogData head after the record's header.
+FRAME_PAD = XLOG_DATA_HEADER.size - RECORD_OVERHEAD
 _INDEX_STEP = 64  # index entries a truncation reads back first (then twice as many)
 
 
@@ -89,6 +100,26 @@ class SpoolWriter:
         self._f.write(b"".join(parts))
         self._pending.extend(offsets[:-1])
         self.offset = offsets[-1]
+        return offsets
+
+    def extend_frames(self, joined: bytearray, sizes: np.ndarray, in_stream: bool) -> list[int]:
+        """Write ``joined``, XLogData frames of ``sizes`` back to back, as one record
+        each (see the module doc): their heads are overwritten in place, so the frames
+        are written as they are, in one write. Returns what :meth:`extend` returns."""
+        if not len(sizes):
+            return [self.offset]
+        data = np.frombuffer(joined, np.uint8)
+        at = np.cumsum(sizes) - sizes
+        lengths = (sizes - RECORD_OVERHEAD).astype(">u4")
+        data[at[:, None] + np.arange(4)] = lengths.view(np.uint8).reshape(-1, 4)
+        data[at + 4] = FLAG_FRAMED | (FLAG_IN_STREAM if in_stream else 0)
+        del data  # joined is resized by no one, but a view must not outlive the write
+        starts = at + self.offset
+        self._f.write(joined)
+        self._pending.frombytes(starts.astype("<i8").tobytes())
+        self.offset += len(joined)
+        offsets: list[int] = starts.tolist()
+        offsets.append(self.offset)
         return offsets
 
     def truncate(self, offset: int) -> None:
@@ -317,8 +348,12 @@ def _indexed_chunks(segment: SpoolSegment, starts: np.ndarray, size: int) -> Ite
                 raise StateError(
                     f"spool {segment.path}: its index disagrees with the records at {begin}"
                 )
-            flags = (raw[rel + 4] & FLAG_IN_STREAM).astype(bool)
-            yield RecordChunk(buf, rel + hsize, lengths, flags)
+            flags = raw[rel + 4]
+            pad = ((flags & FLAG_FRAMED) != 0) * FRAME_PAD
+            if bool(np.any(pad > lengths)):
+                raise StateError(f"spool {segment.path}: a framed record too short at {begin}")
+            in_stream = (flags & FLAG_IN_STREAM).astype(bool)
+            yield RecordChunk(buf, rel + hsize + pad, lengths - pad, in_stream)
             a = b
 
 
@@ -352,8 +387,13 @@ def _walked_chunks(segment: SpoolSegment, size: int) -> Iterator[RecordChunk]:
                 end = pos + hsize + length
                 if end > n:
                     break
-                starts.append(pos + hsize)
-                lengths.append(length)
+                pad = FRAME_PAD if flag & FLAG_FRAMED else 0
+                if pad > length:
+                    raise StateError(
+                        f"spool {segment.path}: a framed record too short at {offset + pos}"
+                    )
+                starts.append(pos + hsize + pad)
+                lengths.append(length - pad)
                 flags.append(bool(flag & FLAG_IN_STREAM))
                 pos = end
             if starts:

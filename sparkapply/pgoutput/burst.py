@@ -54,7 +54,8 @@ class WholeRun:
 
     Per transaction: its xid, commit LSN, end LSN and commit time, and where its
     changes are among the run's changes (``bounds[t]`` to ``bounds[t + 1]``). Per
-    change: its relation id, its tag and its message (the frame less its header)."""
+    change: its relation id and its tag; ``changes`` is the change frames, whole,
+    joined, of ``change_sizes`` (spooled by ``SpoolWriter.extend_frames``)."""
 
     start: int
     end: int
@@ -65,7 +66,8 @@ class WholeRun:
     bounds: list[int]
     relation_ids: list[int]
     change_tags: bytes
-    messages: list[memoryview]
+    changes: bytearray
+    change_sizes: np.ndarray
 
     def __len__(self) -> int:
         return len(self.xids)
@@ -104,9 +106,11 @@ def whole_run(
     if n == 0:
         return None
     sub = frames[start:end]
-    head, tail, body = _pick(sub, begins), _pick(sub, commits), _pick(sub, changes)
+    head, tail = _pick(sub, begins), _pick(sub, commits)
     fields = np.frombuffer(b"".join(tail), _commit_frame(header))
-    relids = u32_at(b"".join(body), sizes[changes], header + 1)
+    joined = bytearray().join(_pick(sub, changes))
+    change_sizes = sizes[changes]
+    relids = u32_at(joined, change_sizes, header + 1)
     known = np.fromiter(described, np.int64, len(described))
     # The change's own transaction goes: its BEGIN is the last one before it.
     unknown = changes[~np.isin(relids, known)]
@@ -116,7 +120,9 @@ def whole_run(
         n = m
         begins, commits = begins[:n], commits[:n]
         k = _changes_before(changes, commits)
-        changes, relids, body, fields = changes[:k], relids[:k], body[:k], fields[:n]
+        changes, relids, fields = changes[:k], relids[:k], fields[:n]
+        change_sizes = change_sizes[:k]
+        del joined[int(change_sizes.sum()) :]
         head = head[:n]
         if n == 0:
             return None
@@ -133,7 +139,8 @@ def whole_run(
         bounds=bounds.tolist(),
         relation_ids=relids.tolist(),
         change_tags=bytes(kinds[changes]),
-        messages=list(map(itemgetter(slice(header, None)), body)),
+        changes=joined,
+        change_sizes=change_sizes,
     )
 
 
@@ -182,7 +189,7 @@ def changes_end(tags: bytes, start: int) -> int:
     return found.end() if found is not None else start
 
 
-def u32_at(joined: bytes, sizes: np.ndarray, at: int) -> np.ndarray:
+def u32_at(joined: bytes | bytearray, sizes: np.ndarray, at: int) -> np.ndarray:
     """The big-endian unsigned 32-bit integer ``at`` bytes into each of the frames
     of ``sizes`` joined in ``joined``."""
     starts = np.cumsum(sizes) - sizes + at

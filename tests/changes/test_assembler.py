@@ -241,7 +241,8 @@ def _state(f: Feed) -> list[tuple[object, ...]]:
             t.kind,
             (t.commit_lsn, t.end_lsn, t.commit_time),
             t.n_changes,
-            t.nbytes,
+            # not t.nbytes: a run read column-wise spools each change as its whole
+            # frame (spool.py, FLAG_FRAMED), 20 bytes more; the records read the same
             t.relation_ids,
             t.mutated_relation_ids,
             t.has_truncate,

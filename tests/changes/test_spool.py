@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from sparkapply.changes import spool
 from sparkapply.changes.spool import SpoolDirectory, SpoolWriter, read_records
 from sparkapply.errors import StateError
+from sparkapply.pgoutput.frames import XLogData
 
 
 @settings(max_examples=50, deadline=None)
@@ -156,3 +159,88 @@ def test_a_batch_releases_a_file_by_how_many_of_its_transactions_used_it(tmp_pat
     assert first.path.exists()
     spool.release(str(first.path), 1)
     assert not first.path.exists()
+
+
+def _frames_joined(messages: list[bytes]) -> tuple[bytearray, np.ndarray]:
+    """XLogData frames of ``messages``, joined as the receiving thread joins a run."""
+    frames = [XLogData(7 + i, 9 + i, 0, msg).encode() for i, msg in enumerate(messages)]
+    return bytearray().join(frames), np.array([len(f) for f in frames], np.int64)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    runs=st.lists(
+        st.tuples(st.lists(st.binary(max_size=120), max_size=12), st.booleans()), max_size=6
+    ),
+    plain=st.lists(st.binary(max_size=40), max_size=3),
+    cut=st.integers(min_value=0, max_value=40),
+    chunk=st.integers(min_value=1, max_value=96),
+)
+def test_framed_runs_read_as_their_messages(
+    tmp_path_factory: pytest.TempPathFactory,
+    runs: list[tuple[list[bytes], bool]],
+    plain: list[bytes],
+    cut: int,
+    chunk: int,
+) -> None:
+    """Runs of whole frames spooled in place (FLAG_FRAMED) read back as their
+    messages, between plain records, through the index and by the walk, also after a
+    truncation at a framed record's offset (a subtransaction abort)."""
+    from sparkapply.changes.spool import index_path, read_chunks
+
+    path = tmp_path_factory.mktemp("spool") / "s.spool"
+    w = SpoolWriter(path)
+    start = w.offset
+    want: list[tuple[bytes, bool]] = []
+    starts: list[int] = []
+    for messages, in_stream in runs:
+        joined, sizes = _frames_joined(messages)
+        offsets = w.extend_frames(joined, sizes, in_stream)
+        assert len(offsets) == len(messages) + 1 and offsets[-1] == w.offset
+        starts += offsets[:-1]
+        want += [(msg, in_stream) for msg in messages]
+        for payload in plain:
+            starts.append(w.append(payload, False))
+            want.append((payload, False))
+    if cut < len(starts):
+        w.truncate(starts[cut])
+        want = want[:cut]
+        joined, sizes = _frames_joined([b"again"])
+        w.extend_frames(joined, sizes, True)
+        want.append((b"again", True))
+    w.flush()
+    seg = w.segment(start)
+    indexed = [
+        (bytes(c.data[s : s + n]), bool(f))
+        for c in read_chunks(seg, chunk)
+        for s, n, f in zip(c.starts, c.lengths, c.in_stream, strict=True)
+    ]
+    assert indexed == want
+    os.unlink(index_path(str(path)))  # the walk, without the index
+    old = spool.READ_CHUNK
+    spool.READ_CHUNK = chunk
+    try:
+        assert [(bytes(p), f) for p, f in read_records(seg)] == want
+    finally:
+        spool.READ_CHUNK = old
+
+
+def test_a_framed_record_shorter_than_its_pad_is_an_error(tmp_path: Path) -> None:
+    """A record flagged framed whose length cannot hold the rest of an XLogData head
+    (a damaged file) is an error on both ways of reading, not a negative slice."""
+    from sparkapply.changes.spool import FLAG_FRAMED, FRAME_PAD, index_path
+
+    path = tmp_path / "s.spool"
+    w = SpoolWriter(path)
+    w.append(b"x" * (FRAME_PAD - 1), False)
+    w.flush()
+    w.close()
+    with open(path, "r+b") as f:
+        f.seek(4)
+        f.write(bytes([FLAG_FRAMED]))
+    seg = spool.SpoolSegment(str(path), 0, w.offset)
+    with pytest.raises(StateError, match="framed record too short"):
+        list(read_records(seg))
+    os.unlink(index_path(str(path)))
+    with pytest.raises(StateError, match="framed record too short"):
+        list(read_records(seg))
