@@ -142,6 +142,7 @@ from sparkapply.config import Config
 from sparkapply.convert.schema import iceberg_identifier, iceberg_schema_for, source_identifier
 from sparkapply.copy.columns import (
     LAST_ATTNUM_PROPERTY,
+    CatalogColumn,
     catalog_columns,
     judge,
     numbers_property,
@@ -226,7 +227,8 @@ class TableCopier:
 
     Call order: :meth:`before_streaming` once per replication session, on the
     connection that will stream, before START_REPLICATION; then, from the apply thread
-    only, :meth:`before_batch` before each batch and :meth:`refresh` when :meth:`due`.
+    only, :meth:`before_batch` before each batch and :meth:`refresh` when :meth:`due`;
+    :meth:`close` when the session ends (the connection kept for the catalog).
     :meth:`take_copied` returns the Iceberg tables copies committed since the last
     call: the caller tells whatever caches tables (the applier) to drop them.
     """
@@ -256,6 +258,7 @@ class TableCopier:
         # What a table's rows were made from (copy/columns.py), read once a session.
         self._columns: dict[tuple[str, str], _MirroredColumns] = {}
         self._last_check = time.monotonic()
+        self._kept: psycopg.Connection[Any] | None = None  # see _catalog_now
 
     def target(self, schema: str, name: str) -> tuple[str, str]:
         """The Iceberg identifier of a PostgreSQL table (``[sink.tables]`` mapping)."""
@@ -324,34 +327,69 @@ class TableCopier:
         if not mine:
             return []
         out = []
-        with self._connect() as c:
-            for key, rel, lsn in mine:
-                names = [col.name for col in rel.columns]
-                now = catalog_columns(c, rel.relation_id, names)
-                mirrored = self._mirrored(key)
-                verdict = judge(names, mirrored.numbers, mirrored.held, mirrored.last_attnum, now)
-                if verdict.numbers == mirrored.numbers:
-                    continue
-                table = self.catalog.load_table(self.target(*key))
-                applied = applied_lsn(table)
-                if applied is not None and lsn <= applied:
-                    continue  # a transaction the table holds: its schema is behind
-                if verdict.copy_again and live_rows(table):
-                    log.warning(
-                        "table %s.%s: column(s) %s arrive with values in rows the stream "
-                        "does not resend (a default, a column newly published or renamed, "
-                        "or dropped and added again); copying the table again",
-                        *key,
-                        ", ".join(verdict.copy_again),
-                    )
-                    mark_copy_again(
-                        table, f"column(s) {', '.join(verdict.copy_again)} arrived with values"
-                    )
-                    out.append(key)
-                else:
-                    _set_properties(table, numbers_property(verdict.numbers))
-                    self._columns[key] = dataclasses.replace(mirrored, numbers=verdict.numbers)
+        catalog = self._catalog_now([rel for _, rel, _ in mine])
+        for (key, rel, lsn), now in zip(mine, catalog, strict=True):
+            names = [col.name for col in rel.columns]
+            mirrored = self._mirrored(key)
+            verdict = judge(names, mirrored.numbers, mirrored.held, mirrored.last_attnum, now)
+            if verdict.numbers == mirrored.numbers:
+                continue
+            table = self.catalog.load_table(self.target(*key))
+            applied = applied_lsn(table)
+            if applied is not None and lsn <= applied:
+                continue  # a transaction the table holds: its schema is behind
+            if verdict.copy_again and live_rows(table):
+                log.warning(
+                    "table %s.%s: column(s) %s arrive with values in rows the stream "
+                    "does not resend (a default, a column newly published or renamed, "
+                    "or dropped and added again); copying the table again",
+                    *key,
+                    ", ".join(verdict.copy_again),
+                )
+                mark_copy_again(
+                    table, f"column(s) {', '.join(verdict.copy_again)} arrived with values"
+                )
+                out.append(key)
+            else:
+                _set_properties(table, numbers_property(verdict.numbers))
+                self._columns[key] = dataclasses.replace(mirrored, numbers=verdict.numbers)
         return out
+
+    def _catalog_now(self, relations: Sequence[Relation]) -> list[dict[str, CatalogColumn]]:
+        """The catalog's columns now of each of ``relations``' columns, read on a
+        connection kept from batch to batch (closed by :meth:`close`).
+
+        A RELATION comes at a session's start and again after every invalidation of
+        its table's cache entry on the publisher (an autovacuum, an ANALYZE, any DDL),
+        and a connection of its own for each batch that brought one cost a backend's
+        start on the publisher and 3 ms here on an idle machine; in the race's pgbench
+        drain, where the walsender holds one of two cores, 20-30 ms before its first
+        batch. A kept connection that broke meanwhile (the server restarted, an idle
+        session timeout) is replaced, and the read-only query asked once more."""
+        for attempt in (1, 2):
+            conn = self._kept
+            if conn is None or conn.closed or conn.broken:
+                conn = self._kept = self._connect()
+            try:
+                return [
+                    catalog_columns(conn, rel.relation_id, [col.name for col in rel.columns])
+                    for rel in relations
+                ]
+            except psycopg.OperationalError as exc:
+                self.close()
+                if attempt == 2:
+                    raise ConnectionLostError(
+                        f"lost the connection to the publisher reading its catalog: "
+                        f"{str(exc).strip()}"
+                    ) from exc
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the connection kept for the catalog (a session's end)."""
+        conn, self._kept = self._kept, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
 
     def _mirrored(self, key: tuple[str, str]) -> _MirroredColumns:
         known = self._columns.get(key)

@@ -141,6 +141,7 @@ def streaming(
     finally:
         stager.close()
         wakeup.close()
+        copier.close()
 
 
 def _stager(cfg: Config, protocol: Protocol, spark: SparkSession, catalog: Catalog) -> Stager:

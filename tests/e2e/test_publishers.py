@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from shutil import which
 
+import psycopg
 import pyarrow as pa
 import pytest
 
@@ -597,6 +598,52 @@ def test_columns_added_with_values_copy_the_table_again(
     mirror.run()
     mirror.assert_mirrored("public.later")
     assert "sparkapply.copy-again" not in mirror.catalog.load_table("public.later").properties
+
+
+def _catalog_checkers(mirror: Mirror) -> set[int]:
+    """Backends of this database that sparkapply's copy driver holds."""
+    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'sparkapply-copy-driver'"
+        ).fetchall()
+    return {int(pid) for (pid,) in rows}
+
+
+def test_relations_are_checked_on_one_kept_connection(mirror: Mirror) -> None:
+    """A batch that brings a RELATION has its columns compared with the catalog (see
+    the test above) on a connection the session keeps, not on one of its own: three
+    such batches, one backend. One the server ended is replaced at the next batch,
+    which applies as it should (here a column with values: the table is copied
+    again); the session's end closes it."""
+    mirror.sql(
+        "CREATE TABLE kc (id int PRIMARY KEY, v text)",
+        "INSERT INTO kc SELECT g, 'v' || g FROM generate_series(1, 20) g",
+        "CREATE PUBLICATION pub FOR TABLE kc",
+    )
+    mirror.run()
+    running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
+    try:
+        seen = []
+        for n in range(3):
+            mirror.sql(f"ALTER TABLE kc ADD COLUMN c{n} int", f"UPDATE kc SET c{n} = id")
+            running.wait_flushed(mirror.insert_lsn())
+            seen.append(_catalog_checkers(mirror))
+        assert len(seen[0]) == 1 and seen[0] == seen[1] == seen[2], seen
+        mirror.sql(f"SELECT pg_terminate_backend({next(iter(seen[0]))})")
+        mirror.sql(
+            "ALTER TABLE kc ADD COLUMN c3 int NOT NULL DEFAULT 7",
+            "UPDATE kc SET v = 'after' WHERE id = 1",
+        )
+        running.wait_flushed(mirror.insert_lsn())
+        replaced = _catalog_checkers(mirror)
+        assert len(replaced) == 1 and replaced != seen[0], (seen[0], replaced)
+    finally:
+        running.stop()
+    assert not _catalog_checkers(mirror), "the session's end closes the kept connection"
+    _, rows = mirror.iceberg_rows("public.kc")
+    assert {r[-1] for r in rows} == {7}, "the older rows hold the default: copied again"
+    mirror.assert_mirrored("public.kc")
 
 
 def test_a_table_dropped_and_created_again(mirror: Mirror) -> None:
