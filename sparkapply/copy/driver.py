@@ -362,10 +362,10 @@ class TableCopier:
         A RELATION comes at a session's start and again after every invalidation of
         its table's cache entry on the publisher (an autovacuum, an ANALYZE, any DDL),
         and a connection of its own for each batch that brought one cost a backend's
-        start on the publisher and 3 ms here on an idle machine; in the race's pgbench
-        drain, where the walsender holds one of two cores, 20-30 ms before its first
-        batch. A kept connection that broke meanwhile (the server restarted, an idle
-        session timeout) is replaced, and the read-only query asked once more."""
+        start on the publisher and 3 ms here on an idle machine, and in the race's
+        pgbench drain (bench/README.md) most of its first batch's check. A kept
+        connection that broke meanwhile (the server restarted, an idle session
+        timeout) is replaced, and the read-only query asked once more."""
         for attempt in (1, 2):
             conn = self._kept
             if conn is None or conn.closed or conn.broken:
