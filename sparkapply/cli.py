@@ -38,31 +38,36 @@ VERBS: dict[str, str] = {
 }
 
 
+_VERBOSE_HELP = (
+    "debug logging, and Spark's own log on the console (otherwise in <work_dir>/logs/spark.log)"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sparkapply",
         description="Mirror a PostgreSQL publication into Apache Iceberg tables with Spark.",
     )
     p.add_argument("--version", action="version", version=f"sparkapply {__version__}")
-    p.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="debug logging, and Spark's own log on the console "
-        "(otherwise in <work_dir>/logs/spark.log)",
-    )
+    p.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     _verb(sub, "run").add_argument(
         "--until-caught-up",
         action="store_true",
         help="exit 0 once everything committed before the start is applied and acknowledged",
     )
-    _verb(sub, "demo", config_default="configs/local.toml").add_argument(
+    demo = _verb(sub, "demo", config_optional=True)
+    demo.add_argument(
         "--rows",
         type=int,
         default=1_000_000,
         help="rows in shop.orders before sparkapply starts (copied); the live bulk load "
         "adds a tenth of that",
+    )
+    demo.add_argument(
+        "--work-dir",
+        help="the demo's own folder (default .sparkapply-demo); it is emptied at start, "
+        "so one the demo did not make is refused",
     )
     _verb(sub, "resync").add_argument(
         "--table", required=True, help="the published table, schema.table"
@@ -90,14 +95,19 @@ def _verb(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
     *,
-    config_default: str | None = None,
+    config_optional: bool = False,
 ) -> argparse.ArgumentParser:
-    """The parser of one verb, with its ``--config`` (required unless it has a default)."""
+    """The parser of one verb, with its ``--config`` and the global flags, which are
+    taken after the verb too (``sparkapply demo -v`` as ``sparkapply -v demo``)."""
     verb = sub.add_parser(name, help=VERBS[name])
-    if config_default is None:
-        verb.add_argument("--config", required=True, help="TOML config file")
-    else:
-        verb.add_argument("--config", default=config_default, help="TOML config file")
+    verb.add_argument(
+        "--config",
+        required=not config_optional,
+        help="TOML config file" + (" (optional)" if config_optional else ""),
+    )
+    verb.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP
+    )
     return verb
 
 
@@ -176,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify": _verify,
     }
     try:
-        if getattr(args, "config", None):
+        if getattr(args, "config", None) and args.command != "demo":
             _route_spark_output(args.config, verbose=args.verbose)
         return commands[args.command](args)
     except SparkapplyError as exc:
@@ -216,9 +226,10 @@ def _skip(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sparkapply.commands.demo import run_demo
+    from sparkapply.commands.demo import demo_config, run_demo
 
-    return run_demo(args.config, rows=args.rows)
+    config = demo_config(args.config, args.work_dir)
+    return run_demo(config, rows=args.rows, verbose=args.verbose)
 
 
 def _resync(args: argparse.Namespace) -> int:

@@ -279,8 +279,10 @@ def load_config(
     *,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> Config:
-    """Read the config file (if any), apply environment and command-line overrides."""
+    """Read the config file (if any) over ``defaults`` (a command's own, such as the
+    demo's), then apply environment and command-line overrides."""
     raw: dict[str, Any] = {}
     origin = "defaults"
     if path is not None:
@@ -293,6 +295,9 @@ def load_config(
             raise ConfigError(f"config file {p} is not valid TOML: {exc}", key="--config") from exc
         origin = f"in {p}"
         _check(raw, origin)
+    if defaults:
+        _check(defaults, "in the command's defaults")
+        raw = _merge(dict(defaults), raw)
     from_env = _env_overrides(os.environ if env is None else env)
     _check(from_env, "from SPARKAPPLY_* environment variables")
     raw = _merge(raw, from_env)

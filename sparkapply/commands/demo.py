@@ -7,9 +7,12 @@ transaction committed later. At the end ``sparkapply verify`` compares every tab
 content at one exact LSN, with the mirror still running, and the demo ends with a
 one-line verdict (exit code 0 when every table matches).
 
-Everything lives under the config's ``work_dir``: the PostgreSQL data directory, the
-spool, the SQLite catalog, the warehouse and Spark's log. Run it twice and it starts
-afresh.
+Everything lives under a ``work_dir`` of the demo's own (``.sparkapply-demo`` unless
+the config or ``--work-dir`` says otherwise): the PostgreSQL data directory, the spool,
+the SQLite catalog, the warehouse and Spark's log. Run it twice and it starts afresh,
+but it only ever removes a folder it made itself (marked by a ``DEMO`` file in it): a
+``work_dir`` that holds anything else, such as a user's own mirror made from a copy of
+``configs/local.toml``, is refused with exit code 2 and left as it is.
 
 The demo's own SQL (the schema, the workload, the waits for the mirror) plays the
 application on the bundled server, so it connects with psycopg as any client would;
@@ -22,18 +25,46 @@ import logging
 import shutil
 import threading
 import time
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from sparkapply.config import Config, load_config
 from sparkapply.embedded import EmbeddedPostgres
+from sparkapply.errors import ConfigError
 from sparkapply.lsn import Lsn
+from sparkapply.state import layout
 
 if TYPE_CHECKING:
     from sparkapply.verify.command import VerifyReport
 
 log = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "work_dir": ".sparkapply-demo",
+    # The DSN is the bundled server's, set once it runs.
+    "source": {"dsn": "host=127.0.0.1", "publication": "sparkapply_pub"},
+    "sink": {
+        "catalog": {
+            "type": "sql",
+            "uri": "sqlite:///{work_dir}/catalog.db",
+            "warehouse": "file://{work_dir}/warehouse",
+        }
+    },
+    "spark": {
+        "master": "local[2]",
+        "conf": {
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4",
+            "spark.driver.memory": "2g",
+        },
+    },
+    # A free port, logged: a fixed one may be taken on the machine.
+    "metrics": {"port": 0},
+}
+"""The demo's embedded defaults, under a ``--config`` file's keys and the environment."""
 
 SCHEMA = """
 CREATE SCHEMA shop;
@@ -98,15 +129,48 @@ def _wait_streaming(dsn: str, slot: str, thread: threading.Thread) -> None:
         time.sleep(0.2)
 
 
-def run_demo(config_path: str, *, rows: int = 1_000_000) -> int:
+def demo_config(config_path: str | None, work_dir: str | None = None, **overrides: Any) -> Config:
+    """The demo's config: its defaults, the file's keys, the environment, ``work_dir``."""
+    extra: dict[str, Any] = dict(overrides)
+    if work_dir is not None:
+        extra["work_dir"] = work_dir
+    return load_config(config_path, defaults=DEFAULTS, overrides=extra or None)
+
+
+def prepare_work_dir(work: Path) -> None:
+    """An empty ``work`` marked as the demo's. Only a folder the demo made (or an
+    empty one) is emptied: anything else may be a mirror's spool, prepared
+    transactions and catalog, which the demo must never delete."""
+    marker = layout.demo_marker(work)
+    if work.exists():
+        if not work.is_dir():
+            raise ConfigError(f"the demo's work_dir {work} is a file", key="work_dir")
+        if marker.exists():
+            shutil.rmtree(work)
+        elif any(work.iterdir()):
+            held = ", ".join(sorted(p.name for p in work.iterdir())[:5])
+            raise ConfigError(
+                f"the demo's work_dir {work} holds files the demo did not make ({held}); "
+                "the demo starts afresh each time and would delete them",
+                key="work_dir",
+                hint="give the demo a folder of its own: sparkapply demo --work-dir "
+                "<new folder> (by default it uses .sparkapply-demo)",
+            )
+    work.mkdir(parents=True, exist_ok=True)
+    marker.write_text(
+        "Made by `sparkapply demo`: the next demo removes this folder and makes it again.\n"
+    )
+
+
+def run_demo(config: Config, *, rows: int = 1_000_000, verbose: bool = False) -> int:
+    from sparkapply.apply.session import configure_spark_logging
     from sparkapply.run.subscriber import Subscriber
     from sparkapply.verify.command import run_verify
 
-    base = load_config(config_path)
+    base = config
     work = base.work_dir
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    prepare_work_dir(work)
+    configure_spark_logging(work, verbose=verbose)
     pg = EmbeddedPostgres(
         work / "postgres",
         settings={"logical_decoding_work_mem": "64kB"},
@@ -119,7 +183,7 @@ def run_demo(config_path: str, *, rows: int = 1_000_000) -> int:
             conn.execute(SCHEMA.format(pub=psycopg.sql.Identifier(pub).as_string(conn)))
         log.info("filling shop.orders with %s rows (copied when sparkapply starts)", f"{rows:,}")
         _prefill(dsn, rows)
-        config = load_config(config_path, overrides={"source": {"dsn": dsn}})
+        config = replace(base, source=replace(base.source, dsn=dsn))
         sub = Subscriber(config)
         errors: list[BaseException] = []
 

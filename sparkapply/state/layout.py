@@ -17,6 +17,8 @@
                          above F until the file goes or ``until`` passes
     verify.json          the last ``sparkapply verify``'s verdict (state/verdict.py)
     logs/                Spark's output (apply/session.py)
+    DEMO                 this work_dir was made by ``sparkapply demo``, which may remove
+                         and remake it (commands/demo.py); no other work_dir is touched
 
 ``status`` and the metrics read these while ``run`` writes them, so every reader
 tolerates files that vanish under it.
@@ -37,6 +39,7 @@ SKIP_FILE = "skip.json"
 CUT_REQUESTS_DIR = "cut-requests"
 VERIFY_FILE = "verify.json"
 LOGS_DIR = "logs"
+DEMO_MARKER = "DEMO"
 
 
 def _entry(name: str) -> Callable[[Path], Path]:
@@ -55,6 +58,7 @@ skip_file = _entry(SKIP_FILE)
 cut_requests_dir = _entry(CUT_REQUESTS_DIR)
 verify_file = _entry(VERIFY_FILE)
 logs_dir = _entry(LOGS_DIR)
+demo_marker = _entry(DEMO_MARKER)
 
 
 # -- inside prepared/ (given the store's directory: tests keep stores elsewhere) -----------
