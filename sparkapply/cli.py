@@ -1,4 +1,4 @@
-"""The command line: ``sparkapply run|status|skip|resync|maintain|cut|verify|demo`` (also
+"""The command line: ``sparkapply run|check|status|skip|resync|maintain|cut|verify|demo`` (also
 ``python -m sparkapply``). It parses the arguments, loads the config and calls the verb
 (``commands/``, ``verify/``, ``maintain/``, the subscriber for ``run``); an error's kind
 is the exit code (2: an operator must act, 1: otherwise)."""
@@ -35,6 +35,9 @@ VERBS: dict[str, str] = {
     "exactly the transactions up to it (read them together for a consistent mirror)",
     "verify": "compare the mirror with the publisher at one exact LSN; exit 0 when every "
     "table matches, 1 when one differs, 2 when verify could not run",
+    "check": "preflight: the publisher (wal_level, role, publication, identities, slot, "
+    "capacity), the work_dir, the catalog, and a Spark task writing in the warehouse; "
+    "exit 0 when nothing failed, 2 otherwise",
 }
 
 
@@ -86,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     maintain.add_argument(
         "--dry-run", action="store_true", help="report what would be done; change nothing"
     )
+    _verb(sub, "check").add_argument("--json", action="store_true", help="print JSON (for scripts)")
     _cut_parser(_verb(sub, "cut"))
     _verify_parser(_verb(sub, "verify"))
     return p
@@ -184,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "maintain": _maintain,
         "cut": _cut,
         "verify": _verify,
+        "check": _check,
     }
     try:
         if getattr(args, "config", None) and args.command != "demo":
@@ -266,6 +271,14 @@ def _verify(args: argparse.Namespace) -> int:
         return 2
     print(report.as_json() if args.json else report.render())
     return 0 if report.match else 1
+
+
+def _check(args: argparse.Namespace) -> int:
+    from sparkapply.commands.check import render_text, run_checks, to_json
+
+    found = run_checks(load_config(args.config))
+    print(to_json(found) if args.json else render_text(found))
+    return 2 if any(f.failed for f in found) else 0
 
 
 def _maintain(args: argparse.Namespace) -> int:
