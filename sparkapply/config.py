@@ -40,6 +40,20 @@ class SourceConfig:
     status_interval: float = 10.0  # seconds between unsolicited standby status updates
     connect_timeout: float = 10.0
     reconnect_max_backoff: float = 30.0
+    # Seconds without any message from the walsender before the connection is taken
+    # for dead and made again (PostgreSQL's wal_receiver_timeout); 0: never.
+    receive_timeout: float = 60.0
+    # Create the slot as a failover slot (PostgreSQL 17+): "auto" (on from 17), or a bool.
+    failover: bool | str = "auto"
+    # A missing slot while the mirror holds copied tables: "copy" everything again (with
+    # a warning), or "stop" with exit 2 for an operator to decide.
+    missing_slot: str = "copy"
+
+    def failover_for(self, server_version: int) -> bool:
+        """Whether the slot is to be a failover slot on a server of this version."""
+        if self.failover == "auto":
+            return server_version >= 170000
+        return bool(self.failover)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +172,9 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "status_interval": (int, float),
         "connect_timeout": (int, float),
         "reconnect_max_backoff": (int, float),
+        "receive_timeout": (int, float),
+        "failover": (bool, str),
+        "missing_slot": str,
     },
     "sink": {
         "catalog_name": str,
@@ -353,6 +370,20 @@ def _source(src: dict[str, Any]) -> SourceConfig:
             src[key] = float(src[key])
             if src[key] <= 0:
                 raise ConfigError(f"source.{key} must be positive", key=f"source.{key}")
+    if "receive_timeout" in src:
+        src["receive_timeout"] = float(src["receive_timeout"])
+        if src["receive_timeout"] < 0:
+            raise ConfigError(
+                "source.receive_timeout must be 0 (never) or positive",
+                key="source.receive_timeout",
+            )
+    if isinstance(src.get("failover"), str) and src["failover"] != "auto":
+        raise ConfigError(
+            "source.failover must be true, false or 'auto' (on for PostgreSQL 17+)",
+            key="source.failover",
+        )
+    if src.get("missing_slot", "copy") not in ("copy", "stop"):
+        raise ConfigError("source.missing_slot must be 'copy' or 'stop'", key="source.missing_slot")
     return SourceConfig(**src)
 
 

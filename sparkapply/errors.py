@@ -134,6 +134,13 @@ class SlotError(SourceError):
     """The replication slot is missing, busy or of the wrong kind."""
 
 
+class SlotBusyError(SlotError):
+    """The slot is still held by a walsender of an earlier session (after a dead
+    connection, the server lets go only at its wal_sender_timeout): trying again fixes it."""
+
+    kind = ErrorKind.TRANSIENT
+
+
 class PrivilegeError(SourceError):
     """The login lacks a privilege replication needs (REPLICATION, SELECT)."""
 

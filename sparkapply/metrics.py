@@ -87,6 +87,11 @@ class Metrics:
         self.reconnects = counter(
             "sparkapply_reconnects", "Replication sessions ended by a transient error"
         )
+        self.slot_missing = counter(
+            "sparkapply_slot_missing",
+            "Sessions that found the slot missing while the mirror held copied tables "
+            "(every table is copied again): a failover without a synced slot, or a dropped slot",
+        )
         spool = gauge("sparkapply_spool_bytes", "Bytes in the spool under work_dir")
         spool.set_function(lambda: float(spool_bytes(work_dir)))
         prepared = gauge(

@@ -292,7 +292,14 @@ class TableCopier:
             )
             conn.execute(f"DROP_REPLICATION_SLOT {quote_ident(slot.name)}")
             failpoint("copy-after-drop-slot")
-            slot = ensure_slot(conn, slot.name, create=True, two_phase=two_phase, snapshot="export")
+            slot = ensure_slot(
+                conn,
+                slot.name,
+                create=True,
+                two_phase=two_phase,
+                snapshot="export",
+                failover=src.failover_for(conn.server_version),
+            )
             log.info("created replication slot %s at %s", slot.name, slot.consistent_point)
             self._copy_at(_point_of(slot), None, "initial copy")
             return slot

@@ -26,7 +26,7 @@ from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
 from sparkapply.convert.schema import relation_identifier
 from sparkapply.copy.driver import TableCopier
-from sparkapply.errors import SparkapplyError
+from sparkapply.errors import SlotError, SparkapplyError
 from sparkapply.lsn import Lsn
 from sparkapply.maintain.background import BackgroundMaintenance
 from sparkapply.maintain.maintainer import Maintainer
@@ -36,9 +36,17 @@ from sparkapply.run.errors import spark_job_error
 from sparkapply.run.sweep import sweep_staged
 from sparkapply.sink.atomic import atomic_commits, commit_mode
 from sparkapply.sink.cuts import CutLog, claim_cuts_table, cuts_identifier
+from sparkapply.sink.progress import applied_lsn
 from sparkapply.source.connection import ReplicationConnection
 from sparkapply.source.negotiation import Protocol, start_replication_command
-from sparkapply.source.publisher import PublishedTable, SlotInfo, ensure_slot, publisher_identity
+from sparkapply.source.publisher import (
+    PublishedTable,
+    SlotInfo,
+    enable_failover,
+    ensure_slot,
+    publisher_identity,
+    slot_exists,
+)
 from sparkapply.source.stream import ReplicationStream
 from sparkapply.source.wakeup import Wakeup
 from sparkapply.staging.records import kept_by_staging
@@ -64,6 +72,16 @@ class Session:
     streaming_started: float  # time.monotonic() at START_REPLICATION
 
 
+@dataclass(frozen=True, slots=True)
+class SlotPolicy:
+    """How a session treats its slot: ``reconnecting`` after a transient error (the
+    slot may still be held by the dead session's walsender), and what to call when the
+    slot is missing while the mirror holds copied tables."""
+
+    reconnecting: bool = False
+    on_missing: Callable[[], None] = lambda: None
+
+
 def copy_first(
     cfg: Config,
     conn: ReplicationConnection,
@@ -71,20 +89,84 @@ def copy_first(
     spark: SparkSession,
     catalog: Catalog,
     check_interval: float,
+    policy: SlotPolicy | None = None,
 ) -> tuple[SlotInfo, TableCopier]:
     """The slot to stream from, once what is not yet in Iceberg is copied (the
     exported snapshot lives until the next command on ``conn``; see
     :mod:`sparkapply.copy.driver`), and the copier that copies tables published later."""
     src = cfg.source
+    policy = policy or SlotPolicy()
     if cfg.sink.cuts_table:  # before anything is copied into the catalog
         claim_cuts_table(catalog, cuts_identifier(cfg.sink.cuts_table), publisher_identity(conn))
+    failover = src.failover_for(conn.server_version)
+    if src.failover is True and conn.server_version < 170000:
+        raise SlotError(
+            f"[source] failover = true needs PostgreSQL 17+; {conn.where} is "
+            f"{conn.server_version // 10000}",
+            hint="set [source] failover = false (or 'auto'), or upgrade the publisher",
+        )
+    if not slot_exists(conn, src.slot):
+        _slot_missing(cfg, catalog, policy)
     slot = ensure_slot(
-        conn, src.slot, create=src.create_slot, two_phase=protocol.two_phase, snapshot="export"
+        conn,
+        src.slot,
+        create=src.create_slot,
+        two_phase=protocol.two_phase,
+        snapshot="export",
+        failover=failover,
+        reconnecting=policy.reconnecting,
     )
     if slot.created:
-        log.info("created replication slot %s at %s", slot.name, slot.consistent_point)
+        log.info(
+            "created replication slot %s at %s%s",
+            slot.name,
+            slot.consistent_point,
+            " (a failover slot)" if slot.failover else "",
+        )
+    elif failover and not slot.failover:
+        slot = enable_failover(conn, slot)
     copier = TableCopier(cfg, spark, catalog, check_interval=check_interval)
     return copier.before_streaming(conn, slot, two_phase=protocol.two_phase), copier
+
+
+def _slot_missing(cfg: Config, catalog: Catalog, policy: SlotPolicy) -> None:
+    """The slot is gone but the mirror holds tables copied through it: a failover to a
+    standby the slot was not synced to, or a dropped slot. Never silent: stop, or
+    warn (and count) before every table is copied again."""
+    held = [
+        ident
+        for ident in (cfg.table_identifier(*name.split(".", 1)) for name in _published_names(cfg))
+        if catalog.table_exists(ident) and applied_lsn(catalog.load_table(ident)) is not None
+    ]
+    if not held:
+        return
+    what = (
+        f"replication slot {cfg.source.slot!r} is missing on the publisher, but the mirror "
+        f"holds {len(held)} table(s) copied through it ({'.'.join(held[0])}, ...): a failover "
+        "to a standby the slot was not synced to, or the slot was dropped"
+    )
+    if cfg.source.missing_slot == "stop":
+        raise SlotError(
+            what,
+            hint="to copy every table again, set [source] missing_slot = 'copy' (or create "
+            "the slot yourself); to avoid this after a failover, use a failover slot "
+            "([source] failover, PostgreSQL 17+, with sync_replication_slots on the standby)",
+        )
+    policy.on_missing()
+    log.warning("%s; creating it and copying every table again", what)
+
+
+def _published_names(cfg: Config) -> list[str]:
+    from sparkapply.source.connection import connect
+
+    src = cfg.source
+    with connect(src.dsn, connect_timeout=src.connect_timeout) as c:
+        rows = c.execute(
+            "SELECT DISTINCT schemaname || '.' || tablename FROM pg_publication_tables "
+            "WHERE pubname = ANY(%s)",
+            (list(src.publication),),
+        ).fetchall()
+    return [str(r[0]) for r in rows]
 
 
 @contextmanager
@@ -125,7 +207,12 @@ def streaming(
             prepared=prepared,
             cut_requests=CutRequests(work) if cuts is not None else None,
         )
-        stream = ReplicationStream(conn, status_interval=cfg.source.status_interval, wakeup=wakeup)
+        stream = ReplicationStream(
+            conn,
+            status_interval=cfg.source.status_interval,
+            wakeup=wakeup,
+            receive_timeout=cfg.source.receive_timeout,
+        )
         started = time.monotonic()
         stream.start(
             start_replication_command(

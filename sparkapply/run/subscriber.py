@@ -63,7 +63,7 @@ from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
 from sparkapply.plan.scheduler import Batch, BatchScheduler
 from sparkapply.run.batch import BatchStats
 from sparkapply.run.errors import outcome
-from sparkapply.run.session import Session, copy_first, streaming
+from sparkapply.run.session import Session, SlotPolicy, copy_first, streaming
 from sparkapply.source.connection import ReplicationConnection, connect
 from sparkapply.source.negotiation import Protocol
 from sparkapply.source.publisher import PublishedTable, check_publisher
@@ -200,7 +200,10 @@ class Subscriber:
         conn = ReplicationConnection(cfg.source.dsn, connect_timeout=cfg.source.connect_timeout)
         try:
             check = self.publication_check_interval
-            slot, copier = copy_first(cfg, conn, protocol, spark, catalog, check)
+            policy = SlotPolicy(
+                reconnecting=self.summary.reconnects > 0, on_missing=self.metrics.slot_missing.inc
+            )
+            slot, copier = copy_first(cfg, conn, protocol, spark, catalog, check, policy)
             self._copier = copier
             with streaming(
                 cfg, conn, slot, protocol, copier, self._published, spark, catalog

@@ -44,13 +44,26 @@ def session_conninfo(
     all_options = " ".join(
         o for o in (str(given.get("options") or ""), SESSION_OPTIONS, options) if o
     )
+    keepalives = {k: v for k, v in KEEPALIVES.items() if k not in given}
     return psycopg.conninfo.make_conninfo(
         dsn,
         client_encoding="UTF8",
         application_name=application_name or str(given.get("application_name") or "sparkapply"),
         options=all_options,
+        **keepalives,
         **params,
     )
+
+
+# TCP keepalives on every session unless the DSN sets its own: the kernel's defaults
+# (two hours idle) leave a COPY or a catalog query waiting forever on a peer that a
+# partition or a forgetful NAT took away without a reset.
+KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+}
 
 
 def replication_conninfo(dsn: str, *, connect_timeout: float = 10.0) -> str:

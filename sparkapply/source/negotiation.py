@@ -80,8 +80,16 @@ def start_replication_command(
     return f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {start} ({rendered})"
 
 
-def create_slot_command(slot: str, *, two_phase: bool, snapshot: str = "nothing") -> str:
+def create_slot_command(
+    slot: str, *, two_phase: bool, snapshot: str = "nothing", failover: bool = False
+) -> str:
     opts = [f"SNAPSHOT {quote_literal(snapshot)}"]
     if two_phase:
         opts.append("TWO_PHASE true")
+    if failover:  # PostgreSQL 17+: the slot is synced to standbys (sync_replication_slots)
+        opts.append("FAILOVER true")
     return f"CREATE_REPLICATION_SLOT {quote_ident(slot)} LOGICAL pgoutput ({', '.join(opts)})"
+
+
+def alter_slot_failover_command(slot: str) -> str:
+    return f"ALTER_REPLICATION_SLOT {quote_ident(slot)} (FAILOVER true)"

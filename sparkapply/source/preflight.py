@@ -182,9 +182,11 @@ def _some(names: list[str]) -> str:
 
 
 def _slot(conn: Conn, source: SourceConfig) -> Finding:
+    failover = "failover" if conn.info.server_version >= 170000 else "NULL"
     row = conn.execute(
         "SELECT plugin, slot_type, database = current_database(), active_pid, "
-        "confirmed_flush_lsn::text, wal_status FROM pg_replication_slots WHERE slot_name = %s",
+        f"confirmed_flush_lsn::text, wal_status, {failover} "
+        "FROM pg_replication_slots WHERE slot_name = %s",
         (source.slot,),
     ).fetchone()
     name = f"slot {source.slot}"
@@ -197,7 +199,7 @@ def _slot(conn: Conn, source: SourceConfig) -> Finding:
             "set [source] create_slot = true, or create it with "
             "pg_create_logical_replication_slot(name, 'pgoutput', false, true)",
         )
-    plugin, kind, same_db, pid, confirmed, wal_status = row
+    plugin, kind, same_db, pid, confirmed, wal_status, synced = row
     if kind != "logical" or plugin != "pgoutput" or not same_db:
         return _fail(
             name,
@@ -213,7 +215,8 @@ def _slot(conn: Conn, source: SourceConfig) -> Finding:
             "every table is copied again",
         )
     user = f"; in use by process {pid}" if pid else ""
-    return _pass(name, f"exists, confirmed {confirmed}{user}")
+    kept = {True: "; a failover slot", False: "; not a failover slot", None: ""}[synced]
+    return _pass(name, f"exists, confirmed {confirmed}{kept}{user}")
 
 
 def _capacity(conn: Conn, slot: str) -> Finding:

@@ -13,7 +13,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import psycopg
@@ -22,6 +22,7 @@ from sparkapply.config import SourceConfig
 from sparkapply.errors import (
     PrivilegeError,
     PublicationError,
+    SlotBusyError,
     SlotError,
     SourceError,
 )
@@ -29,6 +30,7 @@ from sparkapply.lsn import Lsn
 from sparkapply.source.connection import ReplicationConnection, connect, describe_dsn
 from sparkapply.source.negotiation import (
     Protocol,
+    alter_slot_failover_command,
     create_slot_command,
     negotiate,
     quote_ident,
@@ -114,6 +116,7 @@ class SlotInfo:
     created: bool
     consistent_point: Lsn | None = None
     snapshot_name: str | None = None
+    failover: bool = False
 
 
 def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, list[PublishedTable]]:
@@ -204,13 +207,18 @@ def ensure_slot(
     create: bool,
     two_phase: bool,
     snapshot: str = "nothing",
+    failover: bool = False,
+    reconnecting: bool = False,
 ) -> SlotInfo:
-    """Find the slot (pgoutput, this database, not in use) or create it."""
+    """Find the slot (pgoutput, this database, not in use) or create it (a failover
+    slot with ``failover``). ``reconnecting``: the slot may still be held by our own
+    walsender of the session that just died, which is a transient error."""
     # A slot on a standby is invalidated by a conflict (PostgreSQL 16+) with its WAL.
     conflicting = "conflicting" if conn.server_version >= 160000 else "NULL"
+    synced = "failover" if conn.server_version >= 170000 else "false"
     query = (
         "SELECT plugin, slot_type, database, active_pid, confirmed_flush_lsn, two_phase, "
-        f"wal_status, {conflicting} AS conflicting "
+        f"wal_status, {conflicting} AS conflicting, {synced} AS failover "
         f"FROM pg_replication_slots WHERE slot_name = {quote_literal(slot)}"
     )
     rows = conn.execute(query)
@@ -238,16 +246,21 @@ def ensure_slot(
         if row["wal_status"] == "lost" or row["conflicting"] == "t":
             raise _invalidated(slot, row["confirmed_flush_lsn"])
         if row["active_pid"]:
-            raise SlotError(
+            busy = SlotBusyError if reconnecting else SlotError
+            raise busy(
                 f"replication slot {slot!r} is in use by process {row['active_pid']} "
                 f"(still after {SLOT_RELEASE_WAIT:.0f} s)",
-                hint="stop the other consumer of this slot (another sparkapply?)",
+                hint="the walsender of a connection that died holds it until the server's "
+                "wal_sender_timeout"
+                if reconnecting
+                else "stop the other consumer of this slot (another sparkapply?)",
             )
         return SlotInfo(
             name=slot,
             confirmed_flush=Lsn(row["confirmed_flush_lsn"] or "0/0"),
             two_phase=row["two_phase"] == "t",
             created=False,
+            failover=row["failover"] == "t",
         )
     if not create:
         raise SlotError(
@@ -255,7 +268,9 @@ def ensure_slot(
             hint="set [source] create_slot = true, or create it with "
             "pg_create_logical_replication_slot(name, 'pgoutput', false, true)",
         )
-    res = conn.execute(create_slot_command(slot, two_phase=two_phase, snapshot=snapshot))
+    res = conn.execute(
+        create_slot_command(slot, two_phase=two_phase, snapshot=snapshot, failover=failover)
+    )
     point = Lsn(res[0]["consistent_point"] or "0/0")
     return SlotInfo(
         name=slot,
@@ -264,7 +279,31 @@ def ensure_slot(
         created=True,
         consistent_point=point,
         snapshot_name=res[0].get("snapshot_name"),
+        failover=failover,
     )
+
+
+def slot_exists(conn: ReplicationConnection, slot: str) -> bool:
+    query = f"SELECT 1 AS one FROM pg_replication_slots WHERE slot_name = {quote_literal(slot)}"
+    return bool(conn.execute(query))
+
+
+def enable_failover(conn: ReplicationConnection, slot: SlotInfo) -> SlotInfo:
+    """Make an existing slot a failover slot (PostgreSQL 17+; it must not be in use,
+    which :func:`ensure_slot` saw to). A server that refuses leaves it as it was, with
+    a warning: the mirror works, but a promoted standby will not have the slot."""
+    try:
+        conn.execute(alter_slot_failover_command(slot.name))
+    except SourceError as exc:
+        log.warning(
+            "replication slot %s is not a failover slot and could not be made one (%s): "
+            "after a failover to a standby it will be missing, and every table copied again",
+            slot.name,
+            exc.message,
+        )
+        return slot
+    log.info("replication slot %s is now a failover slot (synced to standbys)", slot.name)
+    return replace(slot, failover=True)
 
 
 _temporary_slots = itertools.count()

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from sparkapply.errors import ProtocolError
+from sparkapply.errors import ConnectionLostError, ProtocolError
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.frames import (
     XLOG_DATA_HEADER,
@@ -53,8 +53,12 @@ class ReplicationStream:
         *,
         status_interval: float = 10.0,
         wakeup: Wakeup | None = None,
+        receive_timeout: float = 0.0,
     ) -> None:
         self.conn = conn
+        self.receive_timeout = receive_timeout  # see DEAD CONNECTIONS below
+        self._heard = time.monotonic()  # when the walsender last sent anything
+        self._pinged = False
         # Set by another thread (a batch that completed) to end a poll's wait at once.
         self.wakeup = wakeup
         self.status_interval = status_interval
@@ -77,6 +81,15 @@ class ReplicationStream:
     # reply is the walsender's timeout, sent whether or not data waits. Read wrong,
     # a batch is cut sooner than it would be; nothing else depends on it.
 
+    # DEAD CONNECTIONS. A partition, a NAT or a load balancer that forgets the flow
+    # drops packets without a reset: the socket stays open and reads find nothing,
+    # exactly as on an idle publisher. So, as PostgreSQL's apply worker does with
+    # wal_receiver_timeout, after half of ``receive_timeout`` without a message we ask
+    # for a reply (a live walsender answers a status update that requests one at once),
+    # and after all of it the connection is dead: ConnectionLostError, a transient
+    # error, ends the session and a new one starts from the slot's confirmed position.
+    # Our own status updates do not count as hearing from the server.
+
     @property
     def flush_lsn(self) -> Lsn:
         return self._flush_lsn
@@ -90,6 +103,7 @@ class ReplicationStream:
     def start(self, command: str, start: Lsn) -> None:
         self.set_flush_lsn(start)
         self.conn.start_copy_both(command)
+        self._heard = time.monotonic()
 
     def poll_burst(self, timeout: float, limit: int = 20_000) -> list[memoryview]:
         """Every XLogData frame already received, whole (its :data:`XLOG_DATA_HEADER`
@@ -119,6 +133,11 @@ class ReplicationStream:
             # next poll's wait.
             wakeup.take()
         self._next_read = began + BURST_PACE if 0 < len(raws) < limit else 0.0
+        if raws:
+            self._heard = time.monotonic()
+            self._pinged = False
+        elif self.receive_timeout:
+            self._check_alive()
         out: list[memoryview] = []
         size = XLOG_DATA_HEADER.size
         idle_after = -1  # XLogData frames before the walsender's last unasked keepalive
@@ -135,6 +154,19 @@ class ReplicationStream:
         elif out:
             self.caught_up = False
         return out
+
+    def _check_alive(self) -> None:
+        silent = time.monotonic() - self._heard
+        if silent >= self.receive_timeout:
+            raise ConnectionLostError(
+                f"no message from the publisher {self.conn.where} for {silent:.0f} s: the "
+                "connection is taken for dead ([source] receive_timeout)",
+                hint="a new connection is made; if this repeats, check the network to the "
+                "publisher, or raise receive_timeout",
+            )
+        if silent >= self.receive_timeout / 2 and not self._pinged:
+            self.send_status(reply_requested=True)
+            self._pinged = True
 
     def _note_received(self, frames: list[memoryview]) -> None:
         if frames:
