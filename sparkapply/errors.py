@@ -221,6 +221,12 @@ class SparkJobError(SparkapplyError):
     kind = ErrorKind.TRANSIENT
 
 
+class DiskFullError(SparkapplyError):
+    """The file system under ``work_dir`` is full (or a quota is reached)."""
+
+    kind = ErrorKind.OPERATOR
+
+
 class StateError(SparkapplyError):
     """Staged state on disk (spool, prepared store) is missing or corrupt."""
 

@@ -44,6 +44,7 @@ import numpy as np
 from sparkapply.errors import StateError
 from sparkapply.frozen import hot_frozen
 from sparkapply.pgoutput.frames import XLOG_DATA_HEADER
+from sparkapply.state.space import full_disk_error
 
 _HEADER = struct.Struct("!IB")
 FLAG_IN_STREAM = 1
@@ -76,14 +77,21 @@ class SpoolWriter:
         self._f: BinaryIO = open(path, "ab+")  # noqa: SIM115 - lives as long as the writer
         self._f.seek(0, os.SEEK_END)
         self.offset = self._f.tell()
+        self._flushed = self.offset  # what flush() last handed to the file system
         self._idx: BinaryIO = open(index_path(str(path)), "ab+")  # noqa: SIM115 - as _f
         self._pending = array("q")  # record starts not yet in the index file
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self._f.write(data)
+        except OSError as exc:
+            raise full_disk_error(exc, self.path, len(data)) or exc from exc
 
     def append(self, payload: bytes | memoryview, in_stream: bool) -> int:
         """Write one record; returns the offset where it starts."""
         start = self.offset
-        self._f.write(_HEADER.pack(len(payload), FLAG_IN_STREAM if in_stream else 0))
-        self._f.write(payload)
+        self._write(_HEADER.pack(len(payload), FLAG_IN_STREAM if in_stream else 0))
+        self._write(payload)
         self.offset += _HEADER.size + len(payload)
         self._pending.append(start)
         return start
@@ -97,7 +105,7 @@ class SpoolWriter:
         parts[0::2] = map(_HEADER.pack, sizes, repeat(FLAG_IN_STREAM if in_stream else 0))
         parts[1::2] = payloads
         offsets = list(accumulate(map(add, sizes, repeat(RECORD_OVERHEAD)), initial=self.offset))
-        self._f.write(b"".join(parts))
+        self._write(b"".join(parts))
         self._pending.extend(offsets[:-1])
         self.offset = offsets[-1]
         return offsets
@@ -115,7 +123,7 @@ class SpoolWriter:
         data[at + 4] = FLAG_FRAMED | (FLAG_IN_STREAM if in_stream else 0)
         del data  # a bytearray with a view on it cannot be resized by its owner
         starts = at + self.offset
-        self._f.write(joined)
+        self._write(joined)
         self._pending.frombytes(starts.astype("<i8").tobytes())
         self.offset += len(joined)
         offsets: list[int] = starts.tolist()
@@ -127,6 +135,7 @@ class SpoolWriter:
         self._f.truncate(offset)
         self._f.seek(offset)
         self.offset = offset
+        self._flushed = offset
         keep = bisect.bisect_left(self._pending, offset)
         del self._pending[keep:]
         self._cut_index(offset)
@@ -157,11 +166,15 @@ class SpoolWriter:
             del self._pending[:]
 
     def flush(self, durable: bool = False) -> None:
-        self._f.flush()
-        self._write_index()
-        self._idx.flush()
-        if durable:
-            os.fsync(self._f.fileno())
+        try:
+            self._f.flush()
+            self._write_index()
+            self._idx.flush()
+            if durable:
+                os.fsync(self._f.fileno())
+        except OSError as exc:  # buffered bytes meet a full disk only here
+            raise full_disk_error(exc, self.path, self.offset - self._flushed) or exc from exc
+        self._flushed = self.offset
 
     def segment(self, start: int, end: int | None = None) -> SpoolSegment:
         return SpoolSegment(str(self.path), start, self.offset if end is None else end)

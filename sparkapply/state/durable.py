@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from sparkapply.state.space import full_disk_error
+
 
 def fsync_dir(path: Path) -> None:
     """Make the entries of directory ``path`` (renames, unlinks, new files) durable."""
@@ -29,10 +31,14 @@ def write_json_durably(path: Path, doc: object, *, sync_dir: bool = True) -> Non
     itself survives a crash. Errors are the ``OSError`` (or ``TypeError`` for a ``doc``
     that is not JSON) of the step that failed."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-        f.flush()
-        os.fsync(f.fileno())
+    text = json.dumps(doc)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise full_disk_error(exc, path, len(text)) or exc from exc
     os.replace(tmp, path)
     if sync_dir:
         fsync_dir(path.parent)
