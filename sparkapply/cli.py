@@ -41,6 +41,9 @@ VERBS: dict[str, str] = {
 }
 
 
+UNHEALTHY = 3
+"""``status --health``'s exit code when no run streams from the slot."""
+
 _VERBOSE_HELP = (
     "debug logging, and Spark's own log on the console (otherwise in <work_dir>/logs/spark.log)"
 )
@@ -75,8 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     _verb(sub, "resync").add_argument(
         "--table", required=True, help="the published table, schema.table"
     )
-    _verb(sub, "status").add_argument(
-        "--json", action="store_true", help="print JSON (for scripts)"
+    status = _verb(sub, "status")
+    status.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    status.add_argument(
+        "--health",
+        action="store_true",
+        help="exit 0 when a run streams from the slot, 3 (saying why) when it does not: "
+        "not running, retrying, stopped by an error (for a health check)",
     )
     _verb(sub, "skip").add_argument(
         "--lsn",
@@ -220,6 +228,11 @@ def _status(args: argparse.Namespace) -> int:
 
     status = gather(load_config(args.config))
     print(to_json(status) if args.json else render_text(status))
+    if args.health:
+        why = status.health()
+        if why is not None:
+            log.error("unhealthy: %s", why)
+            return UNHEALTHY
     return 0
 
 

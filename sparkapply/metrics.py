@@ -10,6 +10,7 @@ LSNs are exported as numbers (bytes of WAL), so lag is a plain subtraction.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from functools import partial
@@ -18,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from sparkapply import __version__
 from sparkapply.changes.prepared import pending_prepared
-from sparkapply.config import MetricsConfig
+from sparkapply.config import MetricsConfig, SourceConfig
 from sparkapply.errors import ConfigError
 from sparkapply.pgoutput.frames import PG_EPOCH_OFFSET_MICROS
 from sparkapply.state.layout import spool_bytes
@@ -38,8 +40,52 @@ BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 COMMIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+class SlotLag:
+    """The slot's lag and retained WAL as the publisher sees them, asked at most every
+    :data:`SLOT_TTL` seconds however often Prometheus scrapes. Unlike
+    ``sparkapply_lag_bytes`` it counts WAL not yet received, so it grows while the
+    stream is stalled or the run is down (read it from the last scrape, or ``status``)."""
+
+    def __init__(self, source: SourceConfig) -> None:
+        self.source = source
+        self._at = 0.0
+        self._values = (math.nan, math.nan)
+        self._lock = threading.Lock()
+
+    def values(self) -> tuple[float, float]:
+        with self._lock:
+            if time.monotonic() - self._at >= SLOT_TTL:
+                self._values = self._ask()
+                self._at = time.monotonic()
+            return self._values
+
+    def _ask(self) -> tuple[float, float]:
+        from sparkapply.source.connection import connect
+
+        try:
+            with connect(
+                self.source.dsn, application_name="sparkapply-metrics", connect_timeout=5
+            ) as conn:
+                row = conn.execute(
+                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), "
+                    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) "
+                    "FROM pg_replication_slots WHERE slot_name = %s",
+                    (self.source.slot,),
+                ).fetchone()
+        except Exception:  # a scrape must answer; the publisher may be away
+            return (math.nan, math.nan)
+        if row is None or row[0] is None:
+            return (math.nan, math.nan)
+        return (float(row[0]), float(row[1] if row[1] is not None else math.nan))
+
+
+SLOT_TTL = 5.0
+
+
 class Metrics:
-    def __init__(self, config: MetricsConfig, work_dir: Path) -> None:
+    def __init__(
+        self, config: MetricsConfig, work_dir: Path, source: SourceConfig | None = None
+    ) -> None:
         self.config = config
         self.registry = r = CollectorRegistry()
         gauge, counter = partial(Gauge, registry=r), partial(Counter, registry=r)
@@ -92,6 +138,37 @@ class Metrics:
             "Sessions that found the slot missing while the mirror held copied tables "
             "(every table is copied again): a failover without a synced slot, or a dropped slot",
         )
+        self._retrying = gauge(
+            "sparkapply_retrying",
+            "1 while the run retries after a transient error (reconnecting), else 0",
+        )
+        self._retrying_since = gauge(
+            "sparkapply_retrying_since_timestamp_seconds",
+            "When the current run of retries began (epoch seconds); 0 when not retrying",
+        )
+        self.last_batch = gauge(
+            "sparkapply_last_batch_timestamp_seconds",
+            "When the last batch was acknowledged (epoch seconds)",
+        )
+        self.table_lsn = gauge(
+            "sparkapply_table_applied_lsn",
+            "WAL position each table is applied up to (bytes), as of its last commit",
+            ["table"],
+        )
+        gauge("sparkapply_up", "1 while sparkapply runs").set(1)
+        gauge("sparkapply_build_info", "sparkapply's version", ["version"]).labels(__version__).set(
+            1
+        )
+        if source is not None:
+            slot = SlotLag(source)
+            gauge(
+                "sparkapply_slot_lag_bytes",
+                "The publisher's WAL position minus the slot's confirmed one (NaN: unknown)",
+            ).set_function(lambda: slot.values()[0])
+            gauge(
+                "sparkapply_slot_retained_wal_bytes",
+                "WAL the slot makes the publisher keep (from its restart_lsn; NaN: unknown)",
+            ).set_function(lambda: slot.values()[1])
         spool = gauge("sparkapply_spool_bytes", "Bytes in the spool under work_dir")
         spool.set_function(lambda: float(spool_bytes(work_dir)))
         prepared = gauge(
@@ -151,7 +228,15 @@ class Metrics:
         if idle:
             self.lag_seconds.set(0)
 
+    def retrying(self, since: float | None) -> None:
+        """Retrying since ``since`` (epoch seconds), or streaming again (None)."""
+        if since is not None:
+            self.reconnects.inc()
+        self._retrying.set(0 if since is None else 1)
+        self._retrying_since.set(since or 0)
+
     def batch_done(self, txns: list[CommittedTxn], stats: BatchStats, seconds: float) -> None:
+        self.last_batch.set(time.time())
         self.batch_seconds.observe(seconds)
         self.commit_seconds.observe(stats.commit_seconds)
         self.transactions.inc(len(txns))
@@ -164,6 +249,8 @@ class Metrics:
                 if n:
                     self.rows_applied.labels(res.table, op).inc(n)
             self.rows_written.labels(res.table).inc(res.rows_written)
+            if res.last_commit_lsn:
+                self.table_lsn.labels(res.table).set(res.last_commit_lsn)
             self.rows_removed.labels(res.table).inc(res.rows_removed)
         if txns:
             committed = (txns[-1].commit_time + PG_EPOCH_OFFSET_MICROS) / 1e6

@@ -30,6 +30,7 @@ from sparkapply.sink.read import latest_cut
 from sparkapply.sink.stats import TableStats, table_stats
 from sparkapply.source.connection import connect, describe_dsn
 from sparkapply.state.layout import spool_bytes
+from sparkapply.state.run_state import read_run_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,18 @@ class TableStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class RunStatus:
+    """The work_dir's ``run``, from its ``run.json`` (state/run_state.py)."""
+
+    state: str  # starting, streaming, retrying, stopped, failed; "gone": died unannounced
+    pid: int
+    since: dt.datetime
+    last_batch: dt.datetime | None
+    error: str | None
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     publisher: str  # host:port/db as user (never the password)
     slot: SlotStatus
@@ -76,6 +89,24 @@ class Status:
     commits: str = ""  # how a batch commits: atomic (one catalog transaction) or not
     latest_cut: str | None = None  # LSN of the newest cut (sink/cuts.py)
     cut_requests: list[str] = field(default_factory=list)  # `cut --at-lsn` not yet made
+    run: RunStatus | None = None  # None: no `run` has used this work_dir
+
+    def health(self) -> str | None:
+        """None when a run streams from the slot; otherwise why not, in a line."""
+        run = self.run
+        if run is None:
+            return "no run has used this work_dir"
+        if run.state == "retrying":
+            return (
+                f"the run has retried {run.attempts} time(s) since {_when(run.since)}: {run.error}"
+            )
+        if run.state != "streaming":
+            return f"the run is {run.state}" + (f": {run.error}" if run.error else "")
+        if not self.slot.exists:
+            return f"slot {self.slot.name} does not exist"
+        if not self.slot.active:
+            return f"slot {self.slot.name} is not streaming to anyone"
+        return None
 
 
 def gather(config: Config, catalog: Any | None = None) -> Status:
@@ -116,7 +147,32 @@ def gather(config: Config, catalog: Any | None = None) -> Status:
         commits=commits,
         latest_cut=_latest_cut(config, catalog),
         cut_requests=[str(lsn) for lsn in CutRequests(config.work_dir).pending()],
+        run=_run(config),
     )
+
+
+def _run(config: Config) -> RunStatus | None:
+    state = read_run_state(config.work_dir)
+    if state is None:
+        return None
+
+    def stamp(t: float | None) -> dt.datetime | None:
+        return None if t is None else dt.datetime.fromtimestamp(t, dt.UTC)
+
+    since = stamp(state.since)
+    assert since is not None
+    return RunStatus(
+        state=state.state if state.alive() or state.state in ("stopped", "failed") else "gone",
+        pid=state.pid,
+        since=since,
+        last_batch=stamp(state.last_batch),
+        error=state.error,
+        attempts=state.attempts,
+    )
+
+
+def _when(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _latest_cut(config: Config, catalog: Any) -> str | None:
@@ -197,6 +253,7 @@ def render_text(status: Status) -> str:
             f"{s.server_lsn}, lag {_bytes(s.lag_bytes)}, WAL retained "
             f"{_bytes(s.retained_bytes)}" + (f" ({s.wal_status})" if s.wal_status else "")
         )
+    lines.append(f"run        {_render_run(status.run)}")
     lines.append(f"spool      {_bytes(status.spool_bytes)}")
     lines.append(f"commits    {status.commits}")
     cut = status.latest_cut or "none yet"
@@ -249,6 +306,20 @@ def render_text(status: Status) -> str:
     else:
         lines.append("prepared transactions: none pending")
     return "\n".join(lines)
+
+
+def _render_run(run: RunStatus | None) -> str:
+    if run is None:
+        return "none has used this work_dir"
+    text = {
+        "gone": f"not running: process {run.pid} ended without stopping (killed?)",
+        "stopped": f"stopped at {_when(run.since)}",
+        "failed": f"stopped by an error at {_when(run.since)}: {run.error}",
+        "retrying": f"retrying since {_when(run.since)} ({run.attempts} attempt(s)): {run.error}",
+    }.get(run.state, f"{run.state} since {_when(run.since)} (pid {run.pid})")
+    if run.last_batch is not None and run.state in ("streaming", "retrying"):
+        text += f", last batch {_when(run.last_batch)}"
+    return text
 
 
 def _columns(rows: Sequence[tuple[str, ...]], right: set[int]) -> list[str]:

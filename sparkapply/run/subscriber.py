@@ -68,6 +68,7 @@ from sparkapply.source.connection import ReplicationConnection, connect
 from sparkapply.source.negotiation import Protocol
 from sparkapply.source.publisher import PublishedTable, check_publisher
 from sparkapply.source.stream import ReplicationStream
+from sparkapply.state.run_state import RunState, RunStateFile
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -121,10 +122,16 @@ class Subscriber:
         self.summary = RunSummary()
         self._copier: TableCopier | None = None
         self._published: list[PublishedTable] = []
-        self.metrics = Metrics(config.metrics, config.work_dir)
+        self.metrics = Metrics(config.metrics, config.work_dir, config.source)
+        self._state = RunStateFile(config.work_dir)
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def state(self) -> RunState:
+        """What the run is doing, as ``run.json`` says it (state/run_state.py)."""
+        return self._state.current
 
     @property
     def catalog(self) -> Catalog | None:
@@ -164,32 +171,44 @@ class Subscriber:
         """Replicate until :meth:`stop` (or, with ``until_caught_up``, until everything
         committed before the call is applied and acknowledged)."""
         src = self.config.source
-        protocol, self._published = check_publisher(src.dsn, src.publication)
-        spark, catalog = self._open_sinks()
-        target = self._target_lsn() if until_caught_up else None
-        self.metrics.serve()
-        backoff = 1.0
         try:
-            while not self._stop.is_set():
-                flushed = self.summary.flushed
-                try:
-                    if self._session(protocol, spark, catalog, target):
-                        break
-                except SparkapplyError as exc:
-                    # By kind, not by class: whatever may succeed when tried again is.
-                    if exc.kind is not ErrorKind.TRANSIENT:
-                        raise
-                    if self.summary.flushed > flushed:
-                        backoff = 1.0  # the session made progress: not a persistent fault
-                    log.warning("%s; starting again in %.0fs", exc, backoff)
-                    self.summary.reconnects += 1
-                    self.metrics.reconnects.inc()
-                    if self._stop.wait(backoff):
-                        break
-                    backoff = min(backoff * 2, src.reconnect_max_backoff)
+            protocol, self._published = check_publisher(src.dsn, src.publication)
+            spark, catalog = self._open_sinks()
+            target = self._target_lsn() if until_caught_up else None
+            self.metrics.serve()
+            self._sessions(protocol, spark, catalog, target)
+        except BaseException as exc:
+            self._state.enter("failed", _first_line(exc))
+            raise
         finally:
             self.metrics.close()
+        self._state.enter("stopped")
         return self.summary
+
+    def _sessions(
+        self, protocol: Protocol, spark: SparkSession, catalog: Catalog, target: Lsn | None
+    ) -> None:
+        """One session after another, until one ends the run; a transient error ends
+        a session, and the next starts after a backoff."""
+        backoff = 1.0
+        while not self._stop.is_set():
+            flushed = self.summary.flushed
+            try:
+                if self._session(protocol, spark, catalog, target):
+                    return
+            except SparkapplyError as exc:
+                # By kind, not by class: whatever may succeed when tried again is.
+                if exc.kind is not ErrorKind.TRANSIENT:
+                    raise
+                if self.summary.flushed > flushed:
+                    backoff = 1.0  # the session made progress: not a persistent fault
+                log.warning("%s; starting again in %.0fs", exc, backoff)
+                self.summary.reconnects += 1
+                self._state.enter("retrying", _first_line(exc))
+                self.metrics.retrying(self._state.current.since)
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.config.source.reconnect_max_backoff)
 
     def _session(
         self, protocol: Protocol, spark: SparkSession, catalog: Catalog, target: Lsn | None
@@ -209,6 +228,8 @@ class Subscriber:
                 cfg, conn, slot, protocol, copier, self._published, spark, catalog
             ) as session:
                 self.summary.streaming_started = session.streaming_started
+                self._state.enter("streaming")
+                self.metrics.retrying(None)
                 return self._loop(session, target)
         finally:
             conn.close()
@@ -345,6 +366,7 @@ class Subscriber:
         self.summary.changes += stats.changes
         self.summary.staged_rows += stats.staged_rows
         self.metrics.batch_done(batch.txns, stats, seconds)
+        self._state.batch_done()
         if self.on_batch is not None:
             self.on_batch(stats)
         log.info(
@@ -375,3 +397,8 @@ class Subscriber:
             scheduler.forget_skip()
             self.summary.skipped += 1
             self.metrics.skipped.inc()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]

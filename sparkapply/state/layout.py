@@ -17,6 +17,8 @@
                          above F until the file goes or ``until`` passes
     verify.json          the last ``sparkapply verify``'s verdict (state/verdict.py)
     logs/                Spark's output (apply/session.py)
+    run.json             what the work_dir's ``run`` is doing: streaming, retrying (what
+                         failed, since when), stopped (state/run_state.py)
     DEMO                 this work_dir was made by ``sparkapply demo``, which may remove
                          and remake it (commands/demo.py); no other work_dir is touched
 
@@ -40,6 +42,7 @@ CUT_REQUESTS_DIR = "cut-requests"
 VERIFY_FILE = "verify.json"
 LOGS_DIR = "logs"
 DEMO_MARKER = "DEMO"
+RUN_FILE = "run.json"
 
 
 def _entry(name: str) -> Callable[[Path], Path]:
@@ -59,6 +62,7 @@ cut_requests_dir = _entry(CUT_REQUESTS_DIR)
 verify_file = _entry(VERIFY_FILE)
 logs_dir = _entry(LOGS_DIR)
 demo_marker = _entry(DEMO_MARKER)
+run_file = _entry(RUN_FILE)
 
 
 # -- inside prepared/ (given the store's directory: tests keep stores elsewhere) -----------
