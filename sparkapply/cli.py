@@ -1,163 +1,25 @@
-"""The command line: ``sparkapply run|check|status|skip|resync|maintain|cut|verify|demo`` (also
-``python -m sparkapply``). It parses the arguments, loads the config and calls the verb
-(``commands/``, ``verify/``, ``maintain/``, the subscriber for ``run``); an error's kind
-is the exit code (2: an operator must act, 1: otherwise)."""
+"""The command line: ``sparkapply run|check|status|verify|cut|skip|resync|maintain|demo``
+(also ``python -m sparkapply``). It parses the arguments (:mod:`sparkapply.cli_parser`,
+which also says the exit codes), loads the config and calls the verb (``commands/``,
+``verify/``, ``maintain/``, the subscriber for ``run``); an error's kind is the exit
+code (2: an operator must act, 1: otherwise)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from sparkapply import __version__
-from sparkapply.config import load_config
+from sparkapply.cli_parser import UNHEALTHY, config_path, parser
+from sparkapply.config import Config, load_config
 from sparkapply.errors import ErrorKind, SparkapplyError
 
 log = logging.getLogger("sparkapply")
-
-
-# What ``--help`` says of each verb.
-VERBS: dict[str, str] = {
-    "run": "replicate until stopped (SIGTERM / Ctrl-C)",
-    "demo": "start a bundled PostgreSQL with a sample workload and mirror it (embedded defaults)",
-    "resync": "copy one table again from a fresh snapshot, replacing its Iceberg contents "
-    "(with sparkapply stopped)",
-    "status": "show the slot, each table's applied LSN and counts, pending prepared "
-    "transactions and the spool (also while `run` runs)",
-    "skip": "drop the one source transaction that finishes at --lsn (as ALTER SUBSCRIPTION "
-    "... SKIP does); the running or next `run` skips it",
-    "maintain": "compact, merge manifests, expire snapshots (deleting their files) and sweep "
-    "orphans now, whatever the thresholds",
-    "cut": "print the newest cut: an LSN and each table's Iceberg snapshot id holding "
-    "exactly the transactions up to it (read them together for a consistent mirror)",
-    "verify": "compare the mirror with the publisher at one exact LSN; exit 0 when every "
-    "table matches, 1 when one differs, 2 when verify could not run",
-    "check": "preflight: the publisher (wal_level, role, publication, identities, slot, "
-    "capacity), the work_dir, the catalog, and a Spark task writing in the warehouse; "
-    "exit 0 when nothing failed, 2 otherwise",
-}
-
-
-UNHEALTHY = 3
-"""``status --health``'s exit code when no run streams from the slot."""
-
-_VERBOSE_HELP = (
-    "debug logging, and Spark's own log on the console (otherwise in <work_dir>/logs/spark.log)"
-)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="sparkapply",
-        description="Mirror a PostgreSQL publication into Apache Iceberg tables with Spark.",
-    )
-    p.add_argument("--version", action="version", version=f"sparkapply {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
-    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
-    _verb(sub, "run").add_argument(
-        "--until-caught-up",
-        action="store_true",
-        help="exit 0 once everything committed before the start is applied and acknowledged",
-    )
-    demo = _verb(sub, "demo", config_optional=True)
-    demo.add_argument(
-        "--rows",
-        type=int,
-        default=1_000_000,
-        help="rows in shop.orders before sparkapply starts (copied); the live bulk load "
-        "adds a tenth of that",
-    )
-    demo.add_argument(
-        "--work-dir",
-        help="the demo's own folder (default .sparkapply-demo); it is emptied at start, "
-        "so one the demo did not make is refused",
-    )
-    _verb(sub, "resync").add_argument(
-        "--table", required=True, help="the published table, schema.table"
-    )
-    status = _verb(sub, "status")
-    status.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-    status.add_argument(
-        "--health",
-        action="store_true",
-        help="exit 0 when a run streams from the slot, 3 (saying why) when it does not: "
-        "not running, retrying, stopped by an error (for a health check)",
-    )
-    _verb(sub, "skip").add_argument(
-        "--lsn",
-        required=True,
-        help="the transaction's commit LSN X/Y, as the apply error names it (for a prepared "
-        "transaction its COMMIT PREPARED or PREPARE LSN)",
-    )
-    maintain = _verb(sub, "maintain")
-    maintain.add_argument("--table", help="only this table, schema.table (default: all)")
-    maintain.add_argument(
-        "--dry-run", action="store_true", help="report what would be done; change nothing"
-    )
-    _verb(sub, "check").add_argument("--json", action="store_true", help="print JSON (for scripts)")
-    _cut_parser(_verb(sub, "cut"))
-    _verify_parser(_verb(sub, "verify"))
-    return p
-
-
-def _verb(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    *,
-    config_optional: bool = False,
-) -> argparse.ArgumentParser:
-    """The parser of one verb, with its ``--config`` and the global flags, which are
-    taken after the verb too (``sparkapply demo -v`` as ``sparkapply -v demo``)."""
-    verb = sub.add_parser(name, help=VERBS[name])
-    verb.add_argument(
-        "--config",
-        required=not config_optional,
-        help="TOML config file" + (" (optional)" if config_optional else ""),
-    )
-    verb.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP
-    )
-    return verb
-
-
-def _verify_parser(verify: argparse.ArgumentParser) -> None:
-    verify.add_argument(
-        "--table", action="append", default=[], help="only this table, schema.table (repeat)"
-    )
-    verify.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-    verify.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        help="seconds to wait for the mirror to reach the point (default 300)",
-    )
-    verify.add_argument(
-        "--max-rows", type=int, default=20, help="differing rows reported per table (default 20)"
-    )
-
-
-def _cut_parser(cut: argparse.ArgumentParser) -> None:
-    which = cut.add_mutually_exclusive_group()
-    which.add_argument("--lsn", help="the newest cut at or before this LSN (X/Y)")
-    which.add_argument(
-        "--at-lsn",
-        help="a cut at exactly this LSN (X/Y): asks the running mirror to make it and "
-        "waits for it (a later run makes it if none is running)",
-    )
-    cut.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds --at-lsn waits (default 60)"
-    )
-    cut.add_argument(
-        "--tag",
-        metavar="NAME",
-        help="also tag every table at that cut (an Iceberg tag: read it as VERSION AS OF "
-        "'NAME'; kept by expiry until --untag)",
-    )
-    which.add_argument("--untag", metavar="NAME", help="remove the tag NAME from every table")
-    cut.add_argument("--json", action="store_true", help="print JSON (for scripts)")
 
 
 def _install_signals(stop: object) -> None:
@@ -173,14 +35,16 @@ def _install_signals(stop: object) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def _route_spark_output(config_path: str, *, verbose: bool) -> None:
-    from sparkapply.apply.session import configure_spark_logging
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(config_path(args.config))
 
-    configure_spark_logging(load_config(config_path).work_dir, verbose=verbose)
+
+def _print_json(doc: object) -> None:
+    print(json.dumps(doc, indent=2, default=str))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -199,8 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "check": _check,
     }
     try:
-        if getattr(args, "config", None) and args.command != "demo":
-            _route_spark_output(args.config, verbose=args.verbose)
+        if args.command != "demo":
+            from sparkapply.apply.session import configure_spark_logging
+
+            configure_spark_logging(_config(args).work_dir, verbose=args.verbose)
         return commands[args.command](args)
     except SparkapplyError as exc:
         log.error("%s", exc)
@@ -210,8 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from sparkapply.run.subscriber import Subscriber
 
-    config = load_config(args.config)
-    sub = Subscriber(config)
+    sub = Subscriber(_config(args))
     _install_signals(sub.stop)
     summary = sub.run(until_caught_up=args.until_caught_up)
     log.info(
@@ -226,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from sparkapply.commands.status import gather, render_text, to_json
 
-    status = gather(load_config(args.config))
+    status = gather(_config(args))
     print(to_json(status) if args.json else render_text(status))
     if args.health:
         why = status.health()
@@ -239,13 +104,17 @@ def _status(args: argparse.Namespace) -> int:
 def _skip(args: argparse.Namespace) -> int:
     from sparkapply.commands.skip import request_skip
 
-    request_skip(load_config(args.config), args.lsn)
+    lsn = request_skip(_config(args), args.lsn)
+    if args.json:
+        _print_json({"skip": str(lsn), "recorded": True})
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
     from sparkapply.commands.demo import demo_config, run_demo
 
+    # Only a config given by flag: the demo's tables must never land in the catalog of
+    # the mirror that SPARKAPPLY_CONFIG or ./sparkapply.toml describes.
     config = demo_config(args.config, args.work_dir)
     return run_demo(config, rows=args.rows, verbose=args.verbose)
 
@@ -253,15 +122,21 @@ def _demo(args: argparse.Namespace) -> int:
 def _resync(args: argparse.Namespace) -> int:
     from sparkapply.commands.resync import resync
 
-    report = resync(load_config(args.config), args.table)
-    log.info("resync of %s done: %s rows", args.table, f"{report.total_rows:,}")
+    config = _config(args)
+    done = {}
+    for table in args.table:
+        report = resync(config, table)
+        log.info("resync of %s done: %s rows", table, f"{report.total_rows:,}")
+        done[table] = {"rows": report.total_rows, "seconds": round(report.seconds, 3)}
+    if args.json:
+        _print_json({"resynced": done})
     return 0
 
 
 def _cut(args: argparse.Namespace) -> int:
     from sparkapply.commands.cut import run_cut, untag_cut
 
-    config = load_config(args.config)
+    config = _config(args)
     if args.untag is not None:
         return untag_cut(config, args.untag, tag=args.tag)
     return run_cut(
@@ -274,7 +149,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     try:
         report = run_verify(
-            load_config(args.config),
+            _config(args),
             tables=args.table,
             timeout=args.timeout,
             max_rows=args.max_rows,
@@ -289,7 +164,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from sparkapply.commands.check import render_text, run_checks, to_json
 
-    found = run_checks(load_config(args.config))
+    found = run_checks(_config(args))
     print(to_json(found) if args.json else render_text(found))
     return 2 if any(f.failed for f in found) else 0
 
@@ -297,7 +172,12 @@ def _check(args: argparse.Namespace) -> int:
 def _maintain(args: argparse.Namespace) -> int:
     from sparkapply.maintain.command import run_maintain
 
-    run_maintain(load_config(args.config), table=args.table, dry_run=args.dry_run)
+    config = _config(args)
+    reports = []
+    for table in args.table or [None]:
+        reports += run_maintain(config, table=table, dry_run=args.dry_run)
+    if args.json:
+        _print_json({"tables": [dataclasses.asdict(r) for r in reports]})
     return 0
 
 

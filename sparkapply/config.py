@@ -28,6 +28,8 @@ from sparkapply.errors import ConfigError
 from sparkapply.location import expand_work_dir, from_path
 
 ENV_PREFIX = "SPARKAPPLY_"
+NOT_KEYS = frozenset({"SPARKAPPLY_CONFIG"})
+"""Variables of sparkapply's that name no config key (the command line reads them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +225,9 @@ def _parse_env_value(raw: str) -> Any:
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name.startswith(ENV_PREFIX + "TEST_"):
+        if not name.startswith(ENV_PREFIX) or name in NOT_KEYS:
+            continue
+        if name.startswith(ENV_PREFIX + "TEST_"):
             continue
         path = name[len(ENV_PREFIX) :].split("__")
         # Section and key names are lower case; keys inside free-form tables keep case.

@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
         (
             "__main__",
             "cli",
+            "cli_parser",
             "run",
             "metrics",
             "commands",
