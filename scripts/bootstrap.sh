@@ -79,3 +79,9 @@ if [ "${BOOTSTRAP_PG_MATRIX:-1}" != "0" ]; then
         fi
     done
 fi
+
+# systemd-analyze checks deploy/sparkapply.service in the tests (tests/test_deploy.py).
+if [ "${BOOTSTRAP_PG_MATRIX:-1}" != "0" ] && ! command -v systemd-analyze >/dev/null 2>&1; then
+    echo "bootstrap: installing systemd (systemd-analyze, for the unit file's test)" >&2
+    apt_install systemd
+fi

@@ -119,13 +119,13 @@ def test_malformed_dsn_names_the_key_and_not_the_string(tmp_path: Path) -> None:
 def test_metrics_are_off_by_default_and_loopback(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, BASE), env={})
     assert cfg.metrics.port is None
-    cfg = load_config(write(tmp_path, BASE + "[metrics]\nport = 9187\n"), env={})
-    assert (cfg.metrics.port, cfg.metrics.host) == (9187, "127.0.0.1")
+    cfg = load_config(write(tmp_path, BASE + "[metrics]\nport = 8723\n"), env={})
+    assert (cfg.metrics.port, cfg.metrics.host) == (8723, "127.0.0.1")
 
 
 def test_shipped_local_config_serves_metrics_on_loopback() -> None:
     cfg = load_config(Path(__file__).parent.parent / "configs" / "local.toml", env={})
-    assert cfg.metrics.port == 9187 and cfg.metrics.host == "127.0.0.1"
+    assert cfg.metrics.port == 8723 and cfg.metrics.host == "127.0.0.1"
 
 
 @pytest.mark.parametrize(
