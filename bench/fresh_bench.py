@@ -58,6 +58,7 @@ from benchlib.servers import (
 )
 
 from sparkapply.embedded import EmbeddedPostgres
+from sparkapply.state.batch_log import read_batch_log
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,8 @@ def _log_summary(sa: SparkapplyProcess, since: float, until: float) -> dict[str,
         text = sa.log_path.read_text(errors="replace")
     except OSError:
         return {}
-    tl = applog.timeline(applog.parse_log(text), since, until)
+    records = read_batch_log(sa.work_dir, since)
+    tl = applog.timeline(applog.parse_log(text), records, since, until)
     batches = tl["batches"]
     secs = [b["seconds"] for b in batches]
     return {

@@ -1,12 +1,12 @@
-"""sparkapply's own log, read from the outside: where a live process's time went.
+"""A live run read from the outside: where its time went.
 
-``sparkapply run`` logs ``%(asctime)s %(levelname)s %(name)s: %(message)s`` on stderr
-(``2026-11-24 11:03:40,123 INFO sparkapply.run.subscriber: applied ...``). A benchmark
-that runs the real command line captures that stream into a file and reads it here:
-each batch's acknowledgement line (transactions, changes, rows staged while they
-arrived, tables, the batch's seconds on the apply thread, the flushed LSN), and the
-lines between (maintenance, expiry, warnings), each at its time relative to an instant
-the benchmark chose (the release of a frozen process).
+Each batch's figures (transactions, changes, rows staged while they arrived, tables,
+the batch's seconds on the apply thread and their phases, the flushed LSN) come from
+the product's own record, ``work_dir/logs/batches.jsonl`` (sparkapply/state/batch_log.py),
+never from its log text, whose wording may change. The log (``%(asctime)s %(levelname)s
+%(name)s: %(message)s`` on stderr, captured by the benchmark) gives the lines between
+(maintenance, expiry, warnings). Everything is timed relative to an instant the
+benchmark chose (the release of a frozen process).
 """
 
 from __future__ import annotations
@@ -17,12 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ([A-Z]+) ([\w.\-]+): (.*)$")
-_APPLIED = re.compile(
-    r"applied (\d+) transactions \((\d+) changes(?:, (\d+) rows staged while they arrived)?\)"
-    r" to (\d+) tables in ([\d.]+)s; flushed to (\S+)"
-)
-# "<name> 1.23s" or "<name>=1.23s" / "<name>=1.23": phases a batch line may carry.
-_PHASE = re.compile(r"\b([a-z_]+)[ =]([\d]+\.[\d]+)s?\b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,42 +43,40 @@ def parse_log(text: str) -> list[LogLine]:
     return out
 
 
-def batch_of(message: str) -> dict[str, Any] | None:
-    """The figures of a batch's ``applied ...`` line, or None for any other line."""
-    m = _APPLIED.search(message)
-    if m is None:
-        return None
-    out: dict[str, Any] = {
-        "transactions": int(m.group(1)),
-        "changes": int(m.group(2)),
-        "staged_rows": int(m.group(3) or 0),
-        "tables": int(m.group(4)),
-        "seconds": float(m.group(5)),
-        "flushed": m.group(6),
-    }
-    rest = message[m.end() :]
-    phases = {k: float(v) for k, v in _PHASE.findall(rest)}
-    if phases:
-        out["phases"] = phases
+def batches_of(
+    records: list[dict[str, Any]], since: float, until: float | None = None
+) -> list[dict[str, Any]]:
+    """The product's batch records (``work_dir/logs/batches.jsonl``, read with
+    ``sparkapply.state.batch_log.read_batch_log``) acknowledged from ``since`` (epoch
+    seconds) to ``until``, each at ``t``: seconds relative to ``since``."""
+    out = []
+    for record in records:
+        # A record of the instant itself counts (times of ms resolution elsewhere).
+        if record["at"] < since - 0.001 or (until is not None and record["at"] > until):
+            continue
+        out.append({"t": round(record["at"] - since, 3), **record})
     return out
 
 
-def timeline(lines: list[LogLine], since: float, until: float | None = None) -> dict[str, Any]:
-    """The records from ``since`` (epoch seconds) to ``until``, at seconds relative to
-    ``since``: the batches' figures and every other line's message (first line)."""
-    batches: list[dict[str, Any]] = []
+def timeline(
+    lines: list[LogLine],
+    records: list[dict[str, Any]],
+    since: float,
+    until: float | None = None,
+) -> dict[str, Any]:
+    """From ``since`` (epoch seconds) to ``until``, at seconds relative to ``since``:
+    the batches, from the product's records, and every other log line's message (its
+    first line); the log's own line for each batch is left out."""
+    batches = batches_of(records, since, until)
     other: list[dict[str, Any]] = []
     for line in lines:
-        # The log's times have ms resolution: a record of the instant itself counts.
         if line.at < since - 0.001 or (until is not None and line.at > until):
             continue
+        if line.logger == "sparkapply.run.subscriber" and line.message.startswith("applied "):
+            continue
+        first = line.message.splitlines()[0] if line.message else ""
         t = round(line.at - since, 3)
-        batch = batch_of(line.message)
-        if batch is not None:
-            batches.append({"t": t, **batch})
-        else:
-            first = line.message.splitlines()[0] if line.message else ""
-            other.append({"t": t, "level": line.level, "logger": line.logger, "message": first})
+        other.append({"t": t, "level": line.level, "logger": line.logger, "message": first})
     return {
         "batches": batches,
         "batch_seconds": round(sum(b["seconds"] for b in batches), 3),

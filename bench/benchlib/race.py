@@ -58,6 +58,7 @@ from benchlib.workloads import (
     write_backlog,
 )
 from sparkapply.embedded import EmbeddedPostgres
+from sparkapply.state.batch_log import read_batch_log
 
 WARM_UP = (  # one transaction: an insert (or update) and an update of row 0
     "INSERT INTO orders VALUES (0, 0, 0.00, 'warm', timestamptz '2024-01-01 00:00:00+00',"
@@ -341,7 +342,8 @@ class Round:
             text = self.sparkapply.log_path.read_text(errors="replace")
         except OSError:
             return {}
-        out = applog.timeline(applog.parse_log(text), released_wall)
+        records = read_batch_log(self.sparkapply.work_dir, released_wall)
+        out = applog.timeline(applog.parse_log(text), records, released_wall)
         out["target_seen_at"] = round(seconds, 3)
         out["split"] = applog.split(out["batches"], seconds)
         return out

@@ -68,6 +68,7 @@ from sparkapply.source.connection import ReplicationConnection, connect
 from sparkapply.source.negotiation import Protocol
 from sparkapply.source.publisher import PublishedTable, check_publisher
 from sparkapply.source.stream import ReplicationStream
+from sparkapply.state.batch_log import BatchLog
 from sparkapply.state.run_state import RunState, RunStateFile
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ class Subscriber:
         self._published: list[PublishedTable] = []
         self.metrics = Metrics(config.metrics, config.work_dir, config.source)
         self._state = RunStateFile(config.work_dir)
+        self._batches = BatchLog(config.work_dir)
 
     def stop(self) -> None:
         self._stop.set()
@@ -369,6 +371,19 @@ class Subscriber:
         self._state.batch_done()
         if self.on_batch is not None:
             self.on_batch(stats)
+        path = "job" if any(r.tasks for r in stats.results) else "driver_fold"
+        self._batches.append(
+            flushed,
+            transactions=len(batch),
+            changes=stats.changes,
+            staged_rows=stats.staged_rows,
+            tables=stats.tables,
+            seconds=round(seconds, 6),
+            plan_seconds=round(stats.plan_seconds, 6),
+            job_seconds=round(stats.job_seconds, 6),
+            commit_seconds=round(stats.commit_seconds, 6),
+            path=path,
+        )
         log.info(
             "applied %d transactions (%d changes%s) to %d tables in %.2fs; flushed to %s "
             "(plan %.3fs, %s %.3fs, commit %.3fs)",
@@ -379,7 +394,7 @@ class Subscriber:
             seconds,
             flushed,
             stats.plan_seconds,
-            "job" if any(r.tasks for r in stats.results) else "driver_fold",
+            path,
             stats.job_seconds,
             stats.commit_seconds,
         )

@@ -17,6 +17,7 @@
                          above F until the file goes or ``until`` passes
     verify.json          the last ``sparkapply verify``'s verdict (state/verdict.py)
     logs/                Spark's output (apply/session.py)
+      batches.jsonl        one JSON line per acknowledged batch (state/batch_log.py)
     run.json             what the work_dir's ``run`` is doing: streaming, retrying (what
                          failed, since when), stopped (state/run_state.py)
     DEMO                 this work_dir was made by ``sparkapply demo``, which may remove
@@ -61,6 +62,12 @@ skip_file = _entry(SKIP_FILE)
 cut_requests_dir = _entry(CUT_REQUESTS_DIR)
 verify_file = _entry(VERIFY_FILE)
 logs_dir = _entry(LOGS_DIR)
+
+
+def batch_log_file(work_dir: Path) -> Path:
+    return logs_dir(work_dir) / "batches.jsonl"
+
+
 demo_marker = _entry(DEMO_MARKER)
 run_file = _entry(RUN_FILE)
 

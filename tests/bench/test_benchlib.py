@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from benchlib.applog import batch_of, parse_log, split, timeline
+from benchlib.applog import parse_log, split, timeline
 from benchlib.freshness import lags, per_second_max, percentile, summary, tail
 from benchlib.live import sparkapply_config_text
 from benchlib.metering import CpuMeter, ThreadCpuSampler, descendants, loadavg, process_tree
@@ -182,25 +182,37 @@ Traceback (most recent call last):
 """
 
 
-def test_the_log_of_a_live_run_is_read_back() -> None:
+def test_the_log_of_a_live_run_is_read_back(tmp_path: Path) -> None:
+    from sparkapply.lsn import Lsn
+    from sparkapply.state.batch_log import BatchLog, read_batch_log
+
     lines = parse_log(LOG)
     assert [line.level for line in lines] == ["INFO", "INFO", "INFO", "ERROR"]
     assert lines[3].message.endswith('File "x.py", line 1')  # continuation lines
     assert lines[1].at - lines[0].at == pytest.approx(1.216)
-    assert batch_of(lines[0].message) == {
-        "transactions": 546,
-        "changes": 2184,
-        "staged_rows": 0,
-        "tables": 4,
-        "seconds": 1.68,
-        "flushed": "0/24271F0",
+    # The batches' figures come from the product's record, not from the log's text.
+    record = BatchLog(tmp_path)
+    figures = {
+        "transactions": 1,
+        "changes": 1000000,
+        "staged_rows": 966256,
+        "tables": 1,
+        "seconds": 1.33,
+        "plan_seconds": 0.1,
+        "job_seconds": 0.85,
+        "commit_seconds": 0.2,
+        "path": "job",
     }
-    staged = batch_of(lines[2].message)
-    assert staged is not None
-    assert staged["staged_rows"] == 966256 and staged["phases"] == {"plan": 0.1, "job": 0.85}
-    assert batch_of(lines[1].message) is None
-    tl = timeline(lines, since=lines[1].at, until=lines[2].at)
-    assert [b["t"] for b in tl["batches"]] == [0.299]
+    record.append(Lsn.parse("0/2428280"), **figures)
+    (written,) = read_batch_log(tmp_path)
+    since = written["at"] - 0.299
+    tl = timeline(lines, read_batch_log(tmp_path), since=since)
+    (batch,) = tl["batches"]
+    assert batch["t"] == 0.299 and batch["flushed"] == "0/2428280"
+    assert {k: batch[k] for k in figures} == figures
+    assert tl["batch_seconds"] == 1.33
+    # The log's lines but the batches' own: here none falls after `since`.
+    tl = timeline(lines, [], since=lines[1].at, until=lines[2].at)
     assert tl["other"] == [
         {
             "t": 0.0,
@@ -209,7 +221,6 @@ def test_the_log_of_a_live_run_is_read_back() -> None:
             "message": "maintenance public.t: files 3->1",
         }
     ]
-    assert tl["batch_seconds"] == 1.33
     batches = [{"t": 2.0, "seconds": 1.5}, {"t": 3.0, "seconds": 0.5}]
     assert split(batches, 3.2) == pytest.approx(
         {"before_first_batch": 0.5, "batches": 2.0, "between_batches": 0.5, "ack_to_publisher": 0.2}

@@ -12,6 +12,7 @@ from prometheus_client import generate_latest
 
 from sparkapply import __version__
 from sparkapply.run.subscriber import Subscriber
+from sparkapply.state.batch_log import read_batch_log
 from sparkapply.state.run_state import read_run_state
 from tests.mirror import Mirror, Running, cli, wait_until
 
@@ -87,3 +88,8 @@ def test_status_and_metrics_follow_the_run(mirror: Mirror, tmp_path: Path, spark
     assert '"state": "stopped"' in stopped.stdout
     mirror.catalog = run.sub.catalog
     mirror.assert_mirrored("public.t")
+    # Every acknowledged batch is in the run's record, the last at what was flushed.
+    records = read_batch_log(mirror.config.work_dir)
+    assert len(records) == run.sub.summary.batches >= 2
+    assert records[-1]["flushed_lsn"] <= int(run.sub.summary.flushed)
+    assert sum(r["transactions"] for r in records) == run.sub.summary.transactions
