@@ -26,6 +26,7 @@ from sparkapply.changes.skip import SkipStore
 from sparkapply.config import Config
 from sparkapply.convert.schema import relation_identifier
 from sparkapply.copy.driver import TableCopier
+from sparkapply.copy.snapshot import published_tables
 from sparkapply.errors import SlotError, SparkapplyError
 from sparkapply.lsn import Lsn
 from sparkapply.maintain.background import BackgroundMaintenance
@@ -37,7 +38,7 @@ from sparkapply.run.sweep import sweep_staged
 from sparkapply.sink.atomic import atomic_commits, commit_mode
 from sparkapply.sink.cuts import CutLog, claim_cuts_table, cuts_identifier
 from sparkapply.sink.progress import applied_lsn
-from sparkapply.source.connection import ReplicationConnection
+from sparkapply.source.connection import ReplicationConnection, connect
 from sparkapply.source.negotiation import Protocol, start_replication_command
 from sparkapply.source.publisher import (
     PublishedTable,
@@ -133,9 +134,12 @@ def _slot_missing(cfg: Config, catalog: Catalog, policy: SlotPolicy) -> None:
     """The slot is gone but the mirror holds tables copied through it: a failover to a
     standby the slot was not synced to, or a dropped slot. Never silent: stop, or
     warn (and count) before every table is copied again."""
+    src = cfg.source
+    with connect(src.dsn, connect_timeout=src.connect_timeout) as c:
+        names = published_tables(c, src.publication)
     held = [
         ident
-        for ident in (cfg.table_identifier(*name.split(".", 1)) for name in _published_names(cfg))
+        for ident in (cfg.table_identifier(schema, name) for schema, name in names)
         if catalog.table_exists(ident) and applied_lsn(catalog.load_table(ident)) is not None
     ]
     if not held:
@@ -154,19 +158,6 @@ def _slot_missing(cfg: Config, catalog: Catalog, policy: SlotPolicy) -> None:
         )
     policy.on_missing()
     log.warning("%s; creating it and copying every table again", what)
-
-
-def _published_names(cfg: Config) -> list[str]:
-    from sparkapply.source.connection import connect
-
-    src = cfg.source
-    with connect(src.dsn, connect_timeout=src.connect_timeout) as c:
-        rows = c.execute(
-            "SELECT DISTINCT schemaname || '.' || tablename FROM pg_publication_tables "
-            "WHERE pubname = ANY(%s)",
-            (list(src.publication),),
-        ).fetchall()
-    return [str(r[0]) for r in rows]
 
 
 @contextmanager
