@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -138,5 +137,5 @@ def render_text(found: list[Finding]) -> str:
 
 def to_json(found: list[Finding]) -> str:
     return json.dumps(
-        {"ok": not any(f.failed for f in found), "checks": [asdict(f) for f in found]}, indent=2
+        {"ok": not any(f.failed for f in found), "checks": [f.as_dict() for f in found]}, indent=2
     )

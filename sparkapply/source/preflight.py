@@ -15,13 +15,13 @@ and ``max_prepared_transactions``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psycopg
 
 from sparkapply.config import SourceConfig
-from sparkapply.errors import SparkapplyError
+from sparkapply.errors import PrivilegeError, PublicationError, SourceError, SparkapplyError
 from sparkapply.source.connection import connect, describe_dsn
 from sparkapply.source.negotiation import negotiate, quote_ident
 
@@ -30,24 +30,35 @@ Outcome = Literal["pass", "fail", "note"]
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One line of ``check``: what was checked, the outcome, what was seen, the fix."""
+    """One line of ``check``: what was checked, the outcome, what was seen, the fix;
+    and the error ``run`` stops with when it fails there."""
 
     name: str
     outcome: Outcome
     detail: str
     fix: str | None = None
+    error: type[SparkapplyError] = field(default=SourceError, repr=False, compare=False)
 
     @property
     def failed(self) -> bool:
         return self.outcome == "fail"
+
+    def raise_if_failed(self) -> None:
+        if self.failed:
+            raise self.error(self.detail, hint=self.fix)
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"name": self.name, "outcome": self.outcome, "detail": self.detail, "fix": self.fix}
 
 
 def _pass(name: str, detail: str) -> Finding:
     return Finding(name, "pass", detail)
 
 
-def _fail(name: str, detail: str, fix: str | None) -> Finding:
-    return Finding(name, "fail", detail, fix)
+def _fail(
+    name: str, detail: str, fix: str | None, error: type[SparkapplyError] = SourceError
+) -> Finding:
+    return Finding(name, "fail", detail, fix, error)
 
 
 def from_error(name: str, exc: SparkapplyError) -> Finding:
@@ -71,8 +82,9 @@ def publisher_findings(source: SourceConfig) -> list[Finding]:
             negotiate(version)
         except SparkapplyError as exc:
             return [*found, from_error("server version", exc)]
-        found += [_wal_level(conn), _replication_role(conn)]
-        pubs, pub_finding = _publications(conn, source.publication)
+        where = describe_dsn(source.dsn)
+        found += [wal_level(conn, where), replication_role(conn, where)]
+        pubs, pub_finding = publications(conn, source.publication, where)
         found.append(pub_finding)
         if pubs:
             found += _published_tables(conn, pubs)
@@ -80,19 +92,21 @@ def publisher_findings(source: SourceConfig) -> list[Finding]:
     return found
 
 
-def _wal_level(conn: Conn) -> Finding:
+def wal_level(conn: Conn, where: str) -> Finding:
     row = conn.execute("SHOW wal_level").fetchone()
     level = str(row[0]) if row else "?"
     if level == "logical":
         return _pass("wal_level", "logical")
     return _fail(
         "wal_level",
-        f"wal_level is {level}; logical replication needs wal_level=logical",
+        f"the publisher {where} has wal_level={level}, logical replication needs wal_level=logical",
         "ALTER SYSTEM SET wal_level = logical; then restart the server",
     )
 
 
-def _replication_role(conn: Conn) -> Finding:
+def replication_role(conn: Conn, where: str) -> Finding:
+    """The login needs REPLICATION (or superuser) to open a walsender; without it the
+    replication connection is refused at every attempt, which no retry fixes."""
     row = conn.execute(
         "SELECT current_user, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user"
     ).fetchone()
@@ -102,12 +116,15 @@ def _replication_role(conn: Conn) -> Finding:
         return _pass("replication role", f"{user} has {attribute}")
     return _fail(
         "replication role",
-        f"the login {user!r} lacks the REPLICATION attribute, so it cannot stream from a slot",
-        f"as a superuser on the publisher: ALTER ROLE {quote_ident(user)} WITH REPLICATION;",
+        f"the login {user!r} on {where} lacks the REPLICATION attribute, so it cannot "
+        "stream from a replication slot",
+        f"as a superuser on the publisher: ALTER ROLE {quote_ident(user)} WITH REPLICATION; "
+        "(and GRANT SELECT on the published tables, for the initial copy)",
+        PrivilegeError,
     )
 
 
-def _publications(conn: Conn, names: Sequence[str]) -> tuple[list[str], Finding]:
+def publications(conn: Conn, names: Sequence[str], where: str) -> tuple[list[str], Finding]:
     rows = conn.execute(
         "SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)", (list(names),)
     ).fetchall()
@@ -116,9 +133,10 @@ def _publications(conn: Conn, names: Sequence[str]) -> tuple[list[str], Finding]
     if missing:
         return present, _fail(
             "publication",
-            f"publication {', '.join(repr(m) for m in missing)} does not exist",
+            f"publication {', '.join(repr(m) for m in missing)} does not exist on {where}",
             "CREATE PUBLICATION <name> FOR TABLE ... (or FOR ALL TABLES) on the publisher, "
             "or fix [source] publication",
+            PublicationError,
         )
     return present, _pass("publication", ", ".join(present))
 

@@ -20,8 +20,6 @@ import psycopg
 
 from sparkapply.config import SourceConfig
 from sparkapply.errors import (
-    PrivilegeError,
-    PublicationError,
     SlotBusyError,
     SlotError,
     SourceError,
@@ -36,6 +34,8 @@ from sparkapply.source.negotiation import (
     quote_ident,
     quote_literal,
 )
+from sparkapply.source.preflight import publications as preflight_publications
+from sparkapply.source.preflight import replication_role, wal_level
 
 SLOT_RELEASE_WAIT = 30.0  # seconds to wait for a slot held by a vanished consumer
 
@@ -120,32 +120,16 @@ class SlotInfo:
 
 
 def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, list[PublishedTable]]:
-    """Version, wal_level, publications and the published tables with their replica
-    identity (a table without one is mirrored append-only)."""
+    """Version, REPLICATION, wal_level, publications (as ``check`` asks them:
+    :mod:`sparkapply.source.preflight`, stopping at the first that fails) and the
+    published tables with their replica identity (a table without one is mirrored
+    append-only)."""
     where = describe_dsn(dsn)
     with connect(dsn) as conn:
         protocol = negotiate(conn.info.server_version)
-        _check_replication_privilege(conn, where)
-        wal_level = conn.execute("SHOW wal_level").fetchone()
-        if not wal_level or wal_level[0] != "logical":
-            raise SourceError(
-                f"the publisher {where} has wal_level={wal_level[0] if wal_level else '?'}, "
-                "logical replication needs wal_level=logical",
-                hint="ALTER SYSTEM SET wal_level = logical; then restart the server",
-            )
-        found = {
-            r[0]
-            for r in conn.execute(
-                "SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)", (list(publications),)
-            )
-        }
-        missing = [p for p in publications if p not in found]
-        if missing:
-            raise PublicationError(
-                f"publication {', '.join(repr(m) for m in missing)} does not exist on {where}",
-                hint="CREATE PUBLICATION <name> FOR TABLE ... (or FOR ALL TABLES) on the "
-                "publisher, or fix [source] publication",
-            )
+        replication_role(conn, where).raise_if_failed()
+        wal_level(conn, where).raise_if_failed()
+        preflight_publications(conn, publications, where)[1].raise_if_failed()
         rows = publication_rows(conn, _PUBLISHED_TABLES, (list(publications),))
     tables = []
     for schema, name, attnames, rowfilter, replident, has_index in rows:
@@ -161,23 +145,6 @@ def check_publisher(dsn: str, publications: Sequence[str]) -> tuple[Protocol, li
             )
         tables.append(PublishedTable(schema, name, tuple(attnames or ()), rowfilter, identity))
     return protocol, tables
-
-
-def _check_replication_privilege(conn: psycopg.Connection[tuple[object, ...]], where: str) -> None:
-    """The login needs REPLICATION (or superuser) to open a walsender; without it the
-    replication connection is refused at every attempt, which no retry fixes."""
-    row = conn.execute(
-        "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
-    ).fetchone()
-    if row is None or row[1]:
-        return
-    user = str(row[0])
-    raise PrivilegeError(
-        f"the login {user!r} on {where} lacks the REPLICATION attribute, so it cannot "
-        "stream from a replication slot",
-        hint=f"as a superuser on the publisher: ALTER ROLE {quote_ident(user)} WITH "
-        "REPLICATION; (and GRANT SELECT on the published tables, for the initial copy)",
-    )
 
 
 def publisher_identity(conn: ReplicationConnection) -> str:

@@ -132,7 +132,7 @@ def test_wal_level_and_slot_capacity(
     found = publisher_findings(config.source)
     assert _failed(found) == ["wal_level", "capacity"], render_text(found)
     seen = _by_name(found)
-    assert "wal_level is replica" in seen["wal_level"].detail
+    assert "has wal_level=replica" in seen["wal_level"].detail
     assert "ALTER SYSTEM SET wal_level = logical" in (seen["wal_level"].fix or "")
     assert "1 of 2 replication slots free (needs 2)" in seen["capacity"].detail
 
