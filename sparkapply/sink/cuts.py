@@ -217,11 +217,7 @@ class CutLog:
         self._reload = False  # maintenance committed to the cuts table itself
         self._guard = threading.Lock()  # _cuts and _stale: read by maintenance's thread
         self.table = ensure_table(catalog, identifier, CUTS_SCHEMA)
-        now = dt.datetime.now(dt.UTC)
-        self._cuts = kept(read_cuts(self.table, since=self._retain_from(now)), now, retain_seconds)
-
-    def _retain_from(self, now: dt.datetime) -> dt.datetime:
-        return now - dt.timedelta(seconds=self.retain_seconds)
+        self._cuts = kept_cuts(self.table, retain_seconds)
 
     # -- what the mirror holds ----------------------------------------------------------
 
@@ -366,10 +362,16 @@ def protected_snapshots(
     kept cuts in the cuts table name, by table."""
     if not catalog.table_exists(identifier):
         return lambda ident: set()
-    now = dt.datetime.now(dt.UTC)
-    since = now - dt.timedelta(seconds=retain_seconds)
-    cuts = kept(read_cuts(catalog.load_table(identifier), since=since), now, retain_seconds)
+    cuts = kept_cuts(catalog.load_table(identifier), retain_seconds)
     return lambda ident: _named(cuts, ident)
+
+
+def kept_cuts(table: Table, retain_seconds: float) -> list[Cut]:
+    """The kept cuts of the cuts table ``table``. Every cut is read, not only those
+    younger than ``retain_seconds``: the newest is kept however old it is (a mirror
+    stopped for longer than that, or a publisher with nothing to send), and expiry
+    took its snapshots when it was left out here."""
+    return kept(read_cuts(table), dt.datetime.now(dt.UTC), retain_seconds)
 
 
 def _data_file_count(table: Table) -> int:
