@@ -28,7 +28,8 @@ THE HAND-OVER (why no row is lost or applied twice)
 
     Streaming starts at the slot's confirmed position, which is C. The snapshot lives
     while the exporting replication connection stays idle; it is kept open during the
-    copy and its next command is START_REPLICATION.
+    copy and its next command is START_REPLICATION. The copy is a cut at C - 1, and is
+    recorded as one with it (:mod:`sparkapply.copy.commit`).
 
 FAILURE AND RESTART
 

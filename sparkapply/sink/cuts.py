@@ -17,7 +17,9 @@ one row per table per cut, so any engine can read them with SQL::
 The apply appends a batch's cut in the batch's own catalog transaction
 (``atomic.py``): a reader never finds a cut whose snapshots are not committed, nor a
 committed batch without its cut. With a catalog that commits table by table, the cut
-is committed after every table of the batch.
+is committed after every table of the batch. The initial copy records the first cut
+the same way, with the tables it copied; a later copy asks the stream for its cut
+(``copy/commit.py``).
 
 WHICH TABLES A CUT NAMES
 
@@ -38,8 +40,10 @@ WHICH CUTS ARE KEPT, AND WHAT THEY PROTECT
 
 Every cut of the last :data:`DENSE_SECONDS`, up to the newest :data:`DENSE_CUTS` of
 them; before that, the last cut of each minute (and every cut asked for by LSN), up to
-``[maintenance] retain_seconds``; the newest cut always. Expiry never removes a
-snapshot a kept cut names (:meth:`CutLog.protected`), so a kept cut can always be read;
+``[maintenance] retain_seconds``; the newest cut always, however old. Expiry never
+removes a snapshot a kept cut names (:meth:`CutLog.protected`, and
+:func:`protected_snapshots` for ``sparkapply maintain``), nor a tagged one (a head),
+so a kept cut can always be read;
 thinning keeps that from holding one snapshot per batch for an hour (a table's
 metadata, rewritten at every commit, grows with its snapshots). A reader has a cut's
 snapshots for a minute, or for :data:`DENSE_CUTS` batches when they come faster (15 s
