@@ -2,8 +2,9 @@
 
 Each copied table becomes one Iceberg snapshot that replaces its rows, stamped C - 1
 (``driver.py``, THE HAND-OVER). Where the catalog commits several tables at once
-(``sink/atomic.py``) the tables of one copy commit in one catalog transaction, with
-the copy's cut; otherwise one after another, the cut last.
+(``sink/atomic.py``) the tables of the initial copy commit in one catalog
+transaction, with the copy's cut; otherwise, and for later copies (the driver says
+why), one after another, the cut last.
 
 THE CUT A COPY MAKES
 

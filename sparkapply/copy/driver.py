@@ -620,10 +620,12 @@ class TableCopier:
                 errors.extend(failed)
                 continue
             copied.append(CopiedTable(p, files, sum(r.rows for r in mine)))
+        # Atomic only with the cut: the one transaction checks each table's exact
+        # metadata, which maintenance beside the apply may have moved (an expiry) while
+        # a later copy ran; a table's own commit checks only its snapshot.
+        atomic = self._atomic and with_cut
         cuts = self.cuts if with_cut else None
-        done, failed_commits = CopyCommit(self.catalog, point.lsn, self._atomic, cuts).commit(
-            copied
-        )
+        done, failed_commits = CopyCommit(self.catalog, point.lsn, atomic, cuts).commit(copied)
         errors.extend(failed_commits)
         for one in done:
             p = one.planned
