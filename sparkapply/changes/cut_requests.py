@@ -58,6 +58,9 @@ class CutRequests:
 
     def add(self, lsn: Lsn) -> None:
         self._touch(cut_request_name(lsn), lsn)
+        # Read at the next look: a copy (on the apply thread) asks the scheduler that
+        # holds this object, and its next batch must not span the request.
+        self._read_at = float("-inf")
 
     def hold(self, floor: Lsn, seconds: float) -> Path:
         """Ask the mirror to apply nothing above ``floor`` for up to ``seconds`` (or

@@ -28,7 +28,8 @@ THE HAND-OVER (why no row is lost or applied twice)
 
     Streaming starts at the slot's confirmed position, which is C. The snapshot lives
     while the exporting replication connection stays idle; it is kept open during the
-    copy and its next command is START_REPLICATION.
+    copy and its next command is START_REPLICATION. The copy is a cut at C - 1, and is
+    recorded as one with it (:mod:`sparkapply.copy.commit`).
 
 FAILURE AND RESTART
 
@@ -136,6 +137,7 @@ import psycopg
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.table import Table
 
+from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.transaction import CommittedTxn, relations_named
 from sparkapply.config import Config
@@ -149,6 +151,7 @@ from sparkapply.copy.columns import (
     recorded_last_attnum,
     recorded_numbers,
 )
+from sparkapply.copy.commit import CopiedTable, CopyCommit
 from sparkapply.copy.job import PlannedTable, SliceJob
 from sparkapply.copy.progress import CopyProgress
 from sparkapply.copy.snapshot import (
@@ -164,7 +167,8 @@ from sparkapply.errors import ConnectionLostError, CopyError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
 from sparkapply.pgoutput.messages import Relation
-from sparkapply.sink.commit import commit_files
+from sparkapply.sink.atomic import atomic_commits
+from sparkapply.sink.cuts import CutLog
 from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.relations import table_for_relation
@@ -242,9 +246,16 @@ class TableCopier:
         check_interval: float = PUBLICATION_CHECK_INTERVAL,
         slice_bytes: int = DEFAULT_SLICE_BYTES,
         replace_changed: bool = False,
+        cuts: CutLog | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog
+        # The initial copy records the first cut with it; other copies ask the stream
+        # for theirs (copy/commit.py), through the scheduler's requests when streaming.
+        self.cuts = cuts
+        self.cut_requests: CutRequests | None = None
+        self.cuts_requested: list[Lsn] = []  # the cuts copies asked for, this run
+        self._atomic = config.sink.atomic_commit and atomic_commits(catalog)
         # A resync writes every row again, so a column whose type changed past what
         # Iceberg can widen is replaced (sink/tables.py, replace_columns), not refused.
         self.replace_changed = replace_changed
@@ -553,7 +564,9 @@ class TableCopier:
                             time.monotonic() - started,
                         )
         failpoint("copy-before-commit")
-        errors = self._commit(planned, results, point, report)
+        errors = self._commit(planned, results, point, report, with_cut=only is None)
+        if only is not None and report.rows:
+            self._request_cut(point)
         report.seconds = time.monotonic() - started
         self.reports.append(report)
         if errors:
@@ -597,10 +610,14 @@ class TableCopier:
         results: list[SliceResult],
         point: CopyPoint,
         report: CopyReport,
+        *,
+        with_cut: bool,
     ) -> list[SparkapplyError]:
-        """One Iceberg snapshot per table that copied without error; orphans removed
-        for the others. Returns the errors (each names its table)."""
+        """One Iceberg snapshot per table that copied without error (``commit.py``:
+        with the cut at the copy's point when ``with_cut``); orphans removed for the
+        others. Returns the errors (each names its table)."""
         errors: list[SparkapplyError] = []
+        copied: list[CopiedTable] = []
         for p in planned:
             mine = [r for r in results if r.table == p.source.qualified]
             files = [f for r in mine for f in r.files]
@@ -609,32 +626,34 @@ class TableCopier:
                 remove_orphans(p.table, files)
                 errors.extend(failed)
                 continue
-            rows = sum(r.rows for r in mine)
-            try:
-                commit_files(
-                    p.table,
-                    added=files,
-                    truncate=True,
-                    lsn=point.stamp,
-                    base_snapshot_id=p.base_snapshot,
-                    extra_summary={
-                        "sparkapply.copy-lsn": str(point.lsn),
-                        "sparkapply.copy-rows": str(rows),
-                    },
-                )
-            except SparkapplyError as exc:
-                remove_orphans(p.table, files)
-                errors.append(exc.with_context(table=p.source.qualified))
-                continue
-            failpoint("copy-after-table-commit")
+            copied.append(CopiedTable(p, files, sum(r.rows for r in mine)))
+        # Atomic only with the cut: the one transaction checks each table's exact
+        # metadata, which maintenance beside the apply may have moved (an expiry) while
+        # a later copy ran; a table's own commit checks only its snapshot.
+        atomic = self._atomic and with_cut
+        cuts = self.cuts if with_cut else None
+        done, failed_commits = CopyCommit(self.catalog, point.lsn, atomic, cuts).commit(copied)
+        errors.extend(failed_commits)
+        for one in done:
+            p = one.planned
             record_copied(p.table, p.source)
             self._columns.pop(p.source.key, None)
-            report.rows[".".join(p.ident)] = rows
-            report.bytes += sum(r.bytes for r in mine)
+            report.rows[".".join(p.ident)] = one.rows
+            report.bytes += sum(r.bytes for r in results if r.table == p.source.qualified)
             self._known[p.source.key] = p.source.oid
             self._recreated.discard(p.source.key)
             self._copied.append(p.ident)
         return errors
+
+    def _request_cut(self, point: CopyPoint) -> None:
+        """A copy from a temporary slot: its cut is asked of the stream (``commit.py``,
+        THE CUT A COPY MAKES)."""
+        if not self.config.sink.cuts_table:
+            return
+        requests = self.cut_requests or CutRequests(self.config.work_dir)
+        requests.add(point.stamp)
+        self.cuts_requested.append(point.stamp)
+        log.info("a cut at %s, the copy's point, is recorded once the stream is there", point.stamp)
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -202,7 +202,12 @@ class BatchScheduler:
         return not backlog.transactions and not backlog.receiving and self._progress.pending == 0
 
     def caught_up(self, target: Lsn) -> bool:
-        return self.idle() and self._progress.flushed >= target
+        """Idle, flushed to ``target``, and no requested cut at or below it waits: one
+        that does is made within a turn (nothing at or below it can come any more)."""
+        if not (self.idle() and self._progress.flushed >= target):
+            return False
+        requested = self._requested()
+        return requested is None or requested > target
 
     def stop(self) -> None:
         self._stopping = True

@@ -126,7 +126,9 @@ def copy_first(
         )
     elif failover and not slot.failover:
         slot = enable_failover(conn, slot)
-    copier = TableCopier(cfg, spark, catalog, check_interval=check_interval)
+    # Made before the copy: the initial copy records the first cut (copy/commit.py).
+    cuts = _cut_log(cfg, catalog)
+    copier = TableCopier(cfg, spark, catalog, check_interval=check_interval, cuts=cuts)
     return copier.before_streaming(conn, slot, two_phase=protocol.two_phase), copier
 
 
@@ -188,7 +190,10 @@ def streaming(
             progress=progress,
             stager=stager,
         )
-        cuts = _cut_log(cfg, catalog, published)
+        cuts = copier.cuts
+        if cuts is not None:
+            cuts.track(cfg.table_identifier(t.schema, t.name) for t in published)
+            copier.cut_requests = CutRequests(work)  # the copies' cuts: the scheduler's
         applier = _applier(cfg, protocol, spark, catalog, cuts)
         scheduler = BatchScheduler(
             assembler,
@@ -196,7 +201,7 @@ def streaming(
             cfg.apply,
             skips=SkipStore(work),
             prepared=prepared,
-            cut_requests=CutRequests(work) if cuts is not None else None,
+            cut_requests=copier.cut_requests,
         )
         stream = ReplicationStream(
             conn,
@@ -236,20 +241,19 @@ def _stager(cfg: Config, protocol: Protocol, spark: SparkSession, catalog: Catal
     )
 
 
-def _cut_log(cfg: Config, catalog: Catalog, published: Sequence[PublishedTable]) -> CutLog | None:
-    """The record of cuts (sink/cuts.py), naming every published table."""
+def _cut_log(cfg: Config, catalog: Catalog) -> CutLog | None:
+    """The record of cuts (sink/cuts.py); it names the published tables once
+    streaming starts (``CutLog.track``)."""
     sink = cfg.sink
     if not sink.cuts_table:
         return None
     to_source = {ice: pg for pg, ice in sink.tables.items()}
-    cuts = CutLog(
+    return CutLog(
         catalog,
         cuts_identifier(sink.cuts_table),
         retain_seconds=cfg.maintenance.retain_seconds,
         source_names=lambda ident: to_source.get(".".join(ident), ".".join(ident)),
     )
-    cuts.track(cfg.table_identifier(t.schema, t.name) for t in published)
-    return cuts
 
 
 def _applier(

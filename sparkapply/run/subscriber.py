@@ -296,7 +296,9 @@ class Subscriber:
                     warming = pool.submit(job.warm, warm_stop.is_set)
 
                 idle = self._positions(session)
-                if target is not None and idle and scheduler.caught_up(target):
+                # Past the cuts of the copies this session made (copy/commit.py), too.
+                through = None if target is None else max([target, *job.copier.cuts_requested])
+                if through is not None and idle and scheduler.caught_up(through):
                     stream.send_status()
                     return True
                 # Waiting for the server's position (to exit, or to make a requested

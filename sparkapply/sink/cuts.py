@@ -17,7 +17,9 @@ one row per table per cut, so any engine can read them with SQL::
 The apply appends a batch's cut in the batch's own catalog transaction
 (``atomic.py``): a reader never finds a cut whose snapshots are not committed, nor a
 committed batch without its cut. With a catalog that commits table by table, the cut
-is committed after every table of the batch.
+is committed after every table of the batch. The initial copy records the first cut
+the same way, with the tables it copied; a later copy asks the stream for its cut
+(``copy/commit.py``).
 
 WHICH TABLES A CUT NAMES
 
@@ -38,8 +40,10 @@ WHICH CUTS ARE KEPT, AND WHAT THEY PROTECT
 
 Every cut of the last :data:`DENSE_SECONDS`, up to the newest :data:`DENSE_CUTS` of
 them; before that, the last cut of each minute (and every cut asked for by LSN), up to
-``[maintenance] retain_seconds``; the newest cut always. Expiry never removes a
-snapshot a kept cut names (:meth:`CutLog.protected`), so a kept cut can always be read;
+``[maintenance] retain_seconds``; the newest cut always, however old. Expiry never
+removes a snapshot a kept cut names (:meth:`CutLog.protected`, and
+:func:`protected_snapshots` for ``sparkapply maintain``), nor a tagged one (a head),
+so a kept cut can always be read;
 thinning keeps that from holding one snapshot per batch for an hour (a table's
 metadata, rewritten at every commit, grows with its snapshots). A reader has a cut's
 snapshots for a minute, or for :data:`DENSE_CUTS` batches when they come faster (15 s
@@ -217,11 +221,7 @@ class CutLog:
         self._reload = False  # maintenance committed to the cuts table itself
         self._guard = threading.Lock()  # _cuts and _stale: read by maintenance's thread
         self.table = ensure_table(catalog, identifier, CUTS_SCHEMA)
-        now = dt.datetime.now(dt.UTC)
-        self._cuts = kept(read_cuts(self.table, since=self._retain_from(now)), now, retain_seconds)
-
-    def _retain_from(self, now: dt.datetime) -> dt.datetime:
-        return now - dt.timedelta(seconds=self.retain_seconds)
+        self._cuts = kept_cuts(self.table, retain_seconds)
 
     # -- what the mirror holds ----------------------------------------------------------
 
@@ -366,10 +366,16 @@ def protected_snapshots(
     kept cuts in the cuts table name, by table."""
     if not catalog.table_exists(identifier):
         return lambda ident: set()
-    now = dt.datetime.now(dt.UTC)
-    since = now - dt.timedelta(seconds=retain_seconds)
-    cuts = kept(read_cuts(catalog.load_table(identifier), since=since), now, retain_seconds)
+    cuts = kept_cuts(catalog.load_table(identifier), retain_seconds)
     return lambda ident: _named(cuts, ident)
+
+
+def kept_cuts(table: Table, retain_seconds: float) -> list[Cut]:
+    """The kept cuts of the cuts table ``table``. Every cut is read, not only those
+    younger than ``retain_seconds``: the newest is kept however old it is (a mirror
+    stopped for longer than that, or a publisher with nothing to send), and expiry
+    took its snapshots when it was left out here."""
+    return kept(read_cuts(table), dt.datetime.now(dt.UTC), retain_seconds)
 
 
 def _data_file_count(table: Table) -> int:

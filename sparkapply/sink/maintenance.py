@@ -19,9 +19,20 @@ expired snapshots referenced, in this order:
 3. From the metadata as committed, collect what the retained snapshots reference:
    manifest lists, manifests, and the files of live entries (ADDED, EXISTING). A file
    only a DELETED entry names is not read by any retained snapshot.
-4. Delete (1) minus (3), then old metadata JSON files: those no longer listed in the
-   metadata log and older than its oldest entry (the row-delta commit does not prune
-   them as pyiceberg's own commits do).
+4. Delete (1) minus (3), then old metadata JSON files (:func:`old_metadata_files`).
+
+OLD METADATA FILES
+
+Iceberg's table properties say what happens to them: every commit keeps the newest
+``write.metadata.previous-versions-max`` in the table's metadata log, and with
+``write.metadata.delete-after-commit.enabled`` the files that leave the log are
+deleted. Here they are deleted at expiry, on maintenance's thread, not after each
+commit on the apply's (a storage round trip per table per batch before its
+acknowledgement): the metadata files not in the log and older than its oldest entry.
+A table that does not set the property is treated as sparkapply creates its tables
+(``sink/tables.py``: on); one that sets it off keeps them for the orphan sweep. No
+file a retained snapshot reads is among them: the current metadata lists every
+retained snapshot.
 
 A crash between 2 and 4 leaves files no snapshot references: the orphan sweep deletes
 them once they are older than its grace period. Files a concurrent writer is adding are
@@ -53,9 +64,10 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 from pyiceberg.io import FileIO
-from pyiceberg.table import Table
+from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import RemoveSnapshotsUpdate
+from pyiceberg.utils.properties import property_as_bool
 
 from sparkapply.errors import SinkArgumentError, SinkError
 from sparkapply.failpoints import failpoint
@@ -66,7 +78,8 @@ from sparkapply.sink.tables import table_name
 logger = logging.getLogger(__name__)
 
 _DELETABLE = (".parquet", ".avro", ".orc", ".puffin", ".metadata.json")
-_METADATA_VERSION = re.compile(r"^(\d+)-.*\.metadata\.json$")
+# Iceberg's names: 00042-<uuid>.metadata.json, or v42.metadata.json (Hadoop tables).
+_METADATA_VERSION = re.compile(r"^(?:(\d+)-.*|v(\d+))\.metadata\.json$")
 
 
 def expire_snapshots(
@@ -227,7 +240,7 @@ def expire_and_delete(
                 continue
             if outcome.remove(io, path, size, dry_run=dry_run):
                 outcome.files_deleted += 1
-    for path, size in _stale_metadata_files(table):
+    for path, size in old_metadata_files(table):
         if outcome.remove(io, path, size, dry_run=dry_run):
             outcome.metadata_files_deleted += 1
     if outcome.snapshots_expired or outcome.deleted:
@@ -359,8 +372,13 @@ def list_files(location: str) -> Iterator[tuple[str, int, dt.datetime]]:
         yield uri, int(info.size or 0), mtime
 
 
-def _stale_metadata_files(table: Table) -> list[tuple[str, int]]:
-    """Metadata JSON files older than the oldest one the metadata log keeps."""
+def old_metadata_files(table: Table) -> list[tuple[str, int]]:
+    """(path, size) of the metadata JSON files older than the oldest one the metadata
+    log keeps, unless the table keeps them (see OLD METADATA FILES)."""
+    if not property_as_bool(
+        table.properties, TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED, True
+    ):
+        return []
     logged = [entry.metadata_file for entry in table.metadata.metadata_log]
     versions = [v for v in (_version(p) for p in [*logged, table.metadata_location]) if v >= 0]
     if not versions:
@@ -378,7 +396,7 @@ def _stale_metadata_files(table: Table) -> list[tuple[str, int]]:
 
 def _version(path: str) -> int:
     match = _METADATA_VERSION.match(path.rsplit("/", 1)[-1])
-    return int(match.group(1)) if match else -1
+    return int(match.group(1) or match.group(2)) if match else -1
 
 
 def _key(path: str) -> str:

@@ -16,9 +16,9 @@ tables agree with each other as they did on the publisher::
 Tables are named ``<pg schema>.<pg table>``; :func:`latest_cut` also says which Iceberg
 table each is (``[sink.tables]`` may rename them). Cuts of the last minute (at most
 the newest 120), and the last cut of each minute before that (up to ``[maintenance]
-retain_seconds``), are kept, and expiry keeps every snapshot they name. A cut at an
-exact LSN is asked of the running mirror by ``sparkapply cut --at-lsn``
-(``sparkapply/commands/cut.py``).
+retain_seconds``), and the newest however old, are kept, and expiry keeps every
+snapshot they name. A cut at an exact LSN is asked of the running mirror by
+``sparkapply cut --at-lsn`` (``sparkapply/commands/cut.py``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def latest_cut(
     if not catalog.table_exists(ident):
         raise CutError(
             f"there is no cuts table {cuts_table} in the catalog",
-            hint="cuts are recorded by `sparkapply run` (after its first batch) with "
+            hint="cuts are recorded by `sparkapply run` (from its initial copy on) with "
             "[sink] cuts_table set (the default)",
         )
     cuts = read_cuts(catalog.load_table(ident), at_most=at_most)
@@ -64,7 +64,7 @@ def latest_cut(
         raise CutError(
             f"no cut{where} in {cuts_table}",
             hint="cuts older than [maintenance] retain_seconds are pruned; a cut exists "
-            "once `sparkapply run` has applied a batch",
+            "once `sparkapply run` has copied the tables",
         )
     return cuts[-1]
 

@@ -48,8 +48,14 @@ DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
     # v2: position deletes (merge-on-read), which every v2 reader applies.
     TableProperties.FORMAT_VERSION: "2",
     # One commit per table per batch means one metadata.json per batch; each holds
-    # the whole snapshot list, so keeping all of them grows quadratically.
+    # the whole snapshot list, so keeping all of them grows quadratically. Expiry
+    # deletes those beyond the newest previous-versions-max (sink/maintenance.py).
+    # None is needed to read a retained snapshot or a cut (the current metadata holds
+    # them all), only briefly by a reader holding an older metadata location (a
+    # DuckDB query by path): 20 commits of the table are seconds at the busiest, a
+    # fifth of what Iceberg's default of 100 keeps, and writes in each file's log.
     TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+    TableProperties.METADATA_PREVIOUS_VERSIONS_MAX: "20",
     # Appends merge small manifests once 100 accumulate (Java's default is on, too);
     # without it every batch adds a manifest that every later scan must open.
     TableProperties.MANIFEST_MERGE_ENABLED: "true",

@@ -17,6 +17,7 @@ from sparkapply.cli import main as cli_main
 from sparkapply.commands.resync import resync
 from sparkapply.errors import PublicationError, SlotError
 from sparkapply.lsn import Lsn
+from sparkapply.read import latest_cut
 from sparkapply.run.subscriber import Subscriber
 from sparkapply.sink.catalog import open_catalog
 from tests.mirror import Mirror, Running, copy_snapshots, normalize, wait_until
@@ -358,15 +359,20 @@ class _slot_in_use:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "failpoint",
+    ("failpoint", "atomic"),
     [
-        "copy-progress",  # slices are being read: nothing committed, slot then recreated
-        "copy-before-commit",  # every slice written, nothing committed
-        "copy-after-table-commit",  # one table committed: the others from a new snapshot
-        "copy-after-table-commit:2",
+        ("copy-progress", True),  # slices are being read: nothing committed, slot recreated
+        ("copy-before-commit", True),  # every slice written, nothing committed
+        # One catalog transaction: every table committed, with the copy's cut.
+        ("copy-after-table-commit", True),
+        # Table by table: one table committed, the others from a new snapshot.
+        ("copy-after-table-commit", False),
+        ("copy-after-table-commit:2", False),
     ],
 )
-def test_kill_during_the_copy_and_restart(mirror: Mirror, tmp_path: Path, failpoint: str) -> None:
+def test_kill_during_the_copy_and_restart(
+    mirror: Mirror, tmp_path: Path, failpoint: str, atomic: bool
+) -> None:
     rows_a = 400_000 if failpoint == "copy-progress" else 20_000
     mirror.sql(
         "CREATE TABLE a (id int PRIMARY KEY, v text)",
@@ -377,7 +383,13 @@ def test_kill_during_the_copy_and_restart(mirror: Mirror, tmp_path: Path, failpo
         "INSERT INTO b SELECT g, g FROM generate_series(1, 5000) g",
         "CREATE PUBLICATION pub FOR TABLE a, b, c",
     )
-    mirror.run_killed(failpoint, tmp_path)
+    mirror.run_killed(failpoint, tmp_path, atomic_commit=atomic)
+    if atomic and failpoint == "copy-after-table-commit":  # the copy and its cut landed
+        catalog = open_catalog("sparkapply", mirror.config.catalog_properties())
+        cut = latest_cut(catalog)
+        assert sorted(cut.tables) == ["public.a", "public.b", "public.c"]
+        for name, snapshot_id in cut.tables.items():
+            assert catalog.load_table(name).metadata.current_snapshot_id == snapshot_id
     # Changes between the kill and the restart: after the first snapshot, possibly
     # before a new one.
     mirror.sql(
@@ -400,6 +412,9 @@ def test_kill_during_the_copy_and_restart(mirror: Mirror, tmp_path: Path, failpo
         "copy-after-table-commit": ["public.a"],
         "copy-after-table-commit:2": ["public.a", "public.b"],
     }.get(failpoint, [])
+    if atomic and committed_before_kill:
+        assert len(set(points.values())) == 1  # all of them, at the slot's snapshot
+        return
     # Nothing committed: the slot was created again, one snapshot for all. Otherwise the
     # tables committed before the kill keep the slot's snapshot, and the rest share the
     # later snapshot of a temporary slot.

@@ -89,11 +89,13 @@ def test_every_cut_is_one_consistent_database(mirror: Mirror, tmp_path: Path) ->
     cuts_table = catalog.load_table(cuts_identifier("sparkapply.cuts"))
     cuts = read_cuts(cuts_table)
     assert len(cuts) >= 4 * 8 // 3, [str(c.lsn) for c in cuts]
+    assert cuts[0].committed_at is None and cuts[0].lsn < after[0]  # the copy's cut
     for cut in cuts:
         assert set(cut.tables) == set(TABLES), cut
         # The transactions whose commit LSN is at most the cut's: the cut is the commit
-        # LSN of a batch's last transaction k, which lies after transaction k-1 ended.
-        k = sum(1 for end in [Lsn(0), *after[:-1]] if end < cut.lsn)
+        # LSN of a batch's last transaction k, which lies after transaction k-1 ended
+        # (the copy's: none).
+        k = sum(1 for end in [Lsn(0), *after[:-1]] if end < cut.lsn) if cut is not cuts[0] else 0
         read = {t: read_table(catalog.load_table(t), snapshot_id=cut.tables[t]) for t in TABLES}
         seqs = sorted(read["public.moves"].column("seq").to_pylist())
         assert seqs == list(range(1, k + 1)), (str(cut.lsn), seqs)

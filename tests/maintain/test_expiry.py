@@ -149,6 +149,32 @@ def test_old_metadata_files_beyond_the_log_are_deleted(catalog: Catalog, orders:
     assert outcome.metadata_files_deleted == len(metadata_files) - len(left)
 
 
+def test_metadata_files_go_by_the_tables_properties(catalog: Catalog, orders: Table) -> None:
+    """sparkapply's tables keep the newest 20 (sink/tables.py); a table that turns
+    delete-after-commit off keeps every one for the orphan sweep."""
+    assert orders.properties["write.metadata.previous-versions-max"] == "20"
+    assert orders.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    churn(orders, 24)
+    snapshots = {s.snapshot_id: rows(orders, s.snapshot_id) for s in orders.metadata.snapshots}
+    outcome = expire_and_delete(orders, older_than=FUTURE, retain_last=100)
+    left = {p for p in files(orders) if p.endswith(".metadata.json")}
+    assert len(left) == 21 and outcome.metadata_files_deleted > 0  # the log and the current
+    reread = catalog.load_table(ORDERS)
+    assert {s.snapshot_id: rows(reread, s.snapshot_id) for s in reread.metadata.snapshots} == (
+        snapshots
+    )  # every snapshot reads as before: none needs an old metadata file
+
+    txn = orders.transaction()
+    txn.set_properties({"write.metadata.delete-after-commit.enabled": "false"})
+    txn.commit_transaction()
+    churn(orders, 22, start_lsn=25)
+    before = {p for p in files(orders) if p.endswith(".metadata.json")}
+    outcome = expire_and_delete(orders, older_than=FUTURE, retain_last=100)
+    assert outcome.metadata_files_deleted == 0
+    assert {p for p in files(orders) if p.endswith(".metadata.json")} == before
+    assert len(orders.metadata.metadata_log) == 20  # the log is trimmed all the same
+
+
 def test_sweep_refuses_a_naive_cutoff(orders: Table) -> None:
     with pytest.raises(ValueError, match="timezone"):
         sweep_orphans(orders, older_than=dt.datetime(2000, 1, 1))

@@ -257,6 +257,27 @@ def test_a_batch_ends_at_a_requested_cut_and_an_empty_batch_records_it(tmp_path:
     assert rest is not None and xids(rest) == [3]
 
 
+def test_not_caught_up_while_a_requested_cut_at_or_below_the_target_waits(
+    tmp_path: Path,
+) -> None:
+    """A copy's cut (copy/commit.py) is asked for on the apply thread, of the object the
+    scheduler holds: read at the next look, however long its interval, and a run
+    until caught up records it before it leaves."""
+    requests = CutRequests(tmp_path / "work", interval=3600.0)
+    f, sched, _ = make(tmp_path, linger=0.0, requests=requests)
+    txn(f, 1, 2000, 1, first=True)
+    sched.complete(cut_now(sched))
+    assert requests.pending() == [] and sched.caught_up(Lsn(2010))
+    requests.add(Lsn(2005))
+    assert not sched.caught_up(Lsn(2010))  # waits for it...
+    assert sched.caught_up(Lsn(2004))  # ...not for one above the target
+    record = sched.cut()
+    assert record is not None and record.requested == Lsn(2005)
+    sched.complete(record)
+    sched.cut_recorded(Lsn(2005))
+    assert sched.caught_up(Lsn(2010))
+
+
 def test_nothing_above_a_hold_is_applied_until_it_goes(tmp_path: Path) -> None:
     """verify holds the mirror at the publisher's position while its slot becomes
     consistent at a point it does not know yet; then it asks for the exact cut."""

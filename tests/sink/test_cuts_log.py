@@ -108,3 +108,31 @@ def test_the_next_cut_commits_on_the_cuts_table_maintenance_expired(catalog: Cat
     cuts = read_cuts(catalog.load_table(CUTS))
     assert [int(c.lsn) for c in cuts] == [105, 205, 305, 405, 605]
     assert len(catalog.load_table(CUTS).metadata.snapshots) == 2
+
+
+def test_the_newest_cut_is_protected_however_old(catalog: Catalog) -> None:
+    """A mirror stopped (or a publisher quiet) for longer than retain_seconds: its
+    newest cut is older than that, and still kept, by the run's log and by
+    ``sparkapply maintain``'s reading of the cuts table."""
+    import time
+
+    from sparkapply.sink.cuts import protected_snapshots
+
+    orders = ensure_table(catalog, ORDERS, orders_schema())
+    log = CutLog(catalog, CUTS, retain_seconds=0.2)
+    log.track([ORDERS])
+    named: set[int] = set()
+    for i in (1, 2):
+        staged_orders = stage_files(
+            orders,
+            added=[write_orders(orders, [i])],
+            lsn=Lsn(100 * i),
+            base_snapshot_id=current_snapshot_id(orders),
+        )
+        staged, cut = log.stage([staged_orders], lsn=Lsn(100 * i + 5), committed_at=None)
+        commit_together(catalog, [staged_orders, staged])
+        log.committed([staged_orders], cut)
+        named.add(cut.tables["public.orders"])
+    time.sleep(0.5)  # older than retain_seconds now (kept: the last minute's cuts are)
+    assert CutLog(catalog, CUTS, retain_seconds=0.2).protected(ORDERS) == named
+    assert protected_snapshots(catalog, CUTS, 0.2)(ORDERS) == named
