@@ -122,6 +122,7 @@ class Subscriber:
         self._copier: TableCopier | None = None
         self._published: list[PublishedTable] = []
         self.metrics = Metrics(config.metrics, config.work_dir)
+        self._until_cut: Lsn | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -160,9 +161,12 @@ class Subscriber:
 
     # -- sessions -----------------------------------------------------------------------
 
-    def run(self, *, until_caught_up: bool = False) -> RunSummary:
+    def run(self, *, until_caught_up: bool = False, until_cut: Lsn | None = None) -> RunSummary:
         """Replicate until :meth:`stop` (or, with ``until_caught_up``, until everything
-        committed before the call is applied and acknowledged)."""
+        committed before the call is applied and acknowledged; with ``until_cut``,
+        until the batch serving the requested cut at that LSN has completed: see
+        :mod:`sparkapply.run.exact_cut`)."""
+        self._until_cut = until_cut
         src = self.config.source
         protocol, self._published = check_publisher(src.dsn, src.publication)
         spark, catalog = self._open_sinks()
@@ -308,7 +312,8 @@ class Subscriber:
 
     def _completed(self, session: Session, running: Future[tuple[BatchStats, float]]) -> None:
         """The apply thread finished a batch: it is done in the progress (acknowledged
-        with the next status), or its error is raised and nothing of it is."""
+        with the next status), or its error is raised and nothing of it is. The run
+        stops after the requested cut it was to reach."""
         scheduler = session.scheduler
         batch = scheduler.running
         assert batch is not None
@@ -317,6 +322,8 @@ class Subscriber:
         scheduler.complete(batch)
         if batch.requested is not None and not batch.items:
             scheduler.cut_recorded(batch.requested)
+            if batch.requested == self._until_cut:
+                self.stop()
         else:
             self._account(batch, stats, seconds, session.progress.flushed)
         if session.job.maintenance is not None:
