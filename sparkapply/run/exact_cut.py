@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL = 1.0  # seconds between reads of the catalog (and the slot) while waiting
+PROGRESS_EVERY = 15.0  # seconds between log lines saying how far the run has come
 # A run between two sessions leaves the slot for up to its reconnect backoff; longer
 # than that (and this margin) with the slot inactive, it is gone.
 GONE_MARGIN = 5.0
@@ -93,8 +94,15 @@ def slot_holder(config: Config) -> int | None:
 
 
 def _holder(conn: psycopg.Connection[Any], slot: str) -> int | None:
+    return _slot(conn, slot)[0]
+
+
+def _slot(conn: psycopg.Connection[Any], slot: str) -> tuple[int | None, str]:
+    """The walsender holding the slot (or None) and the position the mirror confirmed."""
     row = conn.execute(
-        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots "
+        "WHERE slot_name = %s",
+        (slot,),
     ).fetchone()
     if row is None:
         raise SlotError(
@@ -102,7 +110,7 @@ def _holder(conn: psycopg.Connection[Any], slot: str) -> int | None:
             hint="start `sparkapply run` (it creates the slot and copies the tables), then "
             "run this again",
         )
-    return None if row[0] is None else int(row[0])
+    return (None if row[0] is None else int(row[0])), str(row[1])
 
 
 def _run_to(config: Config, lsn: Lsn, timeout: float, spark: Any, waiter: _Waiter) -> Cut:
@@ -168,57 +176,75 @@ class _Waiter:
             return found
         self.requests.add(self.lsn)
         deadline = time.monotonic() + timeout
-        conn = None
-        if watch is not None:
-            src = watch.source
-            conn = connect(
-                src.dsn, application_name="sparkapply verify", connect_timeout=src.connect_timeout
-            )
+        slot = _SlotWatch(watch, self.lsn) if watch is not None else None
         try:
-            return self._poll(deadline, timeout, conn)
-        finally:
-            if conn is not None:
-                conn.close()
-
-    def _poll(self, deadline: float, timeout: float, conn: psycopg.Connection[Any] | None) -> Cut:
-        gone_since: float | None = None
-        grace = self.config.source.reconnect_max_backoff + GONE_MARGIN
-        while True:
-            found = self.found()
-            if found is not None:
-                return found
-            if self.lsn not in self.requests.pending():  # served, or dropped: no cut
+            while True:
                 found = self.found()
                 if found is not None:
                     return found
-                raise self.passed()
-            now = time.monotonic()
-            if conn is not None:
-                if _holder(conn, self.config.source.slot) is not None:
-                    gone_since = None
-                elif gone_since is None:
-                    gone_since = now
-                    log.warning(
-                        "sparkapply run let go of slot %s before making the cut at %s; "
-                        "waiting up to %.0fs for it to come back",
-                        self.config.source.slot,
-                        self.lsn,
-                        grace,
-                    )
-                elif now - gone_since >= grace:
+                if self.lsn not in self.requests.pending():  # served, or dropped: no cut
+                    found = self.found()
+                    if found is not None:
+                        return found
+                    raise self.passed()
+                if slot is not None:
+                    slot.check()
+                now = time.monotonic()
+                if now >= deadline:
                     raise CutError(
-                        f"sparkapply run stopped before making the cut at {self.lsn}: slot "
-                        f"{self.config.source.slot} has been inactive for {now - gone_since:.0f}s",
+                        f"no cut at {self.lsn} after {timeout:g}s: `sparkapply run` is not "
+                        "running, or has not reached that LSN yet",
                         lsn=self.lsn,
-                        hint="run this again: with no run holding the slot, verify brings "
-                        "the mirror to the point itself",
+                        hint="the request stays under work_dir/cut-requests; a later run "
+                        "makes the cut (run this again to wait for it), or remove the file "
+                        "to cancel",
                     )
-            if now >= deadline:
-                raise CutError(
-                    f"no cut at {self.lsn} after {timeout:g}s: `sparkapply run` is not "
-                    "running, or has not reached that LSN yet",
-                    lsn=self.lsn,
-                    hint="the request stays under work_dir/cut-requests; a later run makes "
-                    "the cut (run this again to wait for it), or remove the file to cancel",
-                )
-            time.sleep(min(POLL, max(0.0, deadline - now)))
+                time.sleep(min(POLL, deadline - now))
+        finally:
+            if slot is not None:
+                slot.close()
+
+
+class _SlotWatch:
+    """The run holding the slot, watched while its cut is awaited: how far it is (in
+    the log now and then), and whether it went away."""
+
+    def __init__(self, config: Config, lsn: Lsn) -> None:
+        src = config.source
+        self.slot = src.slot
+        self.lsn = lsn
+        self.grace = src.reconnect_max_backoff + GONE_MARGIN
+        self.conn = connect(
+            src.dsn, application_name="sparkapply verify", connect_timeout=src.connect_timeout
+        )
+        self.told = time.monotonic()
+        self.gone_since: float | None = None
+
+    def check(self) -> None:
+        holder, confirmed = _slot(self.conn, self.slot)
+        now = time.monotonic()
+        if now - self.told >= PROGRESS_EVERY:
+            self.told = now
+            log.info("waiting for the cut at %s; the run has confirmed %s", self.lsn, confirmed)
+        if holder is not None:
+            self.gone_since = None
+        elif self.gone_since is None:
+            self.gone_since = now
+            log.warning(
+                "sparkapply run let go of slot %s before making the cut at %s; waiting up "
+                "to %.0fs for it to come back",
+                self.slot,
+                self.lsn,
+                self.grace,
+            )
+        elif now - self.gone_since >= self.grace:
+            raise CutError(
+                f"sparkapply run stopped before making the cut at {self.lsn}: slot "
+                f"{self.slot} has been inactive for {now - self.gone_since:.0f}s",
+                lsn=self.lsn,
+                hint="run this again: with no run holding the slot, verify brings the "
+                "mirror to the point itself",
+            )
+
+    def close(self) -> None:
+        self.conn.close()
