@@ -5,17 +5,18 @@ A request file asks for the cut (:mod:`sparkapply.changes.cut_requests`); whoeve
 applies the slot's stream serves it. ``sparkapply cut --at-lsn`` waits for a run to
 do so (:func:`wait_for_cut`). ``verify`` needs the cut now (:func:`bring_to_cut`):
 
-- when a ``run`` holds the slot (``pg_replication_slots.active_pid``), it waits for
-  that run, reading the catalog about once a second, and watches the slot: a run that
-  goes away (the slot inactive for longer than a reconnect's backoff) is reported
-  instead of waiting out the timeout;
+- when a ``run`` lives (it holds ``work_dir/run.lock``, ``state/presence.py``, also
+  between two sessions) or holds the slot (``pg_replication_slots.active_pid``), it
+  waits for that run, reading the catalog about once a second, and watches it: a run
+  that goes away (neither for :data:`GONE_AFTER` seconds) is reported instead of
+  waiting out the timeout;
 - when none does, it runs the subscriber here, as ``run --until-caught-up`` does,
   until the batch that ends exactly at the request has recorded the cut (or found
   that the mirror is already past it), then stops: nothing above the point is
   applied, and the next ``run`` goes on from there.
 
 A ``run`` started while the subscriber runs here finds the slot in use and waits for
-it (``source/publisher.py``, ``ensure_slot``).
+it (``source/publisher.py``, ``ensure_slot``), as after a crash.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from sparkapply.lsn import Lsn
 from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.cuts import Cut, cuts_identifier, read_cuts
 from sparkapply.source.connection import connect
+from sparkapply.state.layout import run_lock
+from sparkapply.state.presence import run_alive
 
 if TYPE_CHECKING:
     import psycopg
@@ -41,9 +44,9 @@ log = logging.getLogger(__name__)
 
 POLL = 1.0  # seconds between reads of the catalog (and the slot) while waiting
 PROGRESS_EVERY = 15.0  # seconds between log lines saying how far the run has come
-# A run between two sessions leaves the slot for up to its reconnect backoff; longer
-# than that (and this margin) with the slot inactive, it is gone.
-GONE_MARGIN = 5.0
+# Neither the run's lock nor the slot held this long: the run is gone (a run restarted
+# by a service manager takes the lock again within it).
+GONE_AFTER = 5.0
 
 
 def wait_for_cut(
@@ -66,8 +69,8 @@ def bring_to_cut(
     if found is not None:
         return found
     holder = slot_holder(config)
-    if holder is not None:
-        log.info("sparkapply run holds slot %s (pid %d): asking it", config.source.slot, holder)
+    if holder is not None or run_alive(config.work_dir):
+        log.info("sparkapply run is running on slot %s: asking it", config.source.slot)
         return waiter.wait(timeout, watch=config)
     log.info(
         "no sparkapply run holds slot %s: bringing the mirror to %s here",
@@ -77,7 +80,7 @@ def bring_to_cut(
     try:
         return _run_to(config, lsn, timeout, spark, waiter)
     except SlotError:
-        if slot_holder(config) is None:
+        if slot_holder(config) is None and not run_alive(config.work_dir):
             raise
         log.info("a sparkapply run took slot %s meanwhile: asking it", config.source.slot)
         return waiter.wait(timeout, watch=config)
@@ -211,9 +214,9 @@ class _SlotWatch:
 
     def __init__(self, config: Config, lsn: Lsn) -> None:
         src = config.source
+        self.work_dir = config.work_dir
         self.slot = src.slot
         self.lsn = lsn
-        self.grace = src.reconnect_max_backoff + GONE_MARGIN
         self.conn = connect(
             src.dsn, application_name="sparkapply verify", connect_timeout=src.connect_timeout
         )
@@ -226,21 +229,14 @@ class _SlotWatch:
         if now - self.told >= PROGRESS_EVERY:
             self.told = now
             log.info("waiting for the cut at %s; the run has confirmed %s", self.lsn, confirmed)
-        if holder is not None:
+        if holder is not None or run_alive(self.work_dir):
             self.gone_since = None
         elif self.gone_since is None:
             self.gone_since = now
-            log.warning(
-                "sparkapply run let go of slot %s before making the cut at %s; waiting up "
-                "to %.0fs for it to come back",
-                self.slot,
-                self.lsn,
-                self.grace,
-            )
-        elif now - self.gone_since >= self.grace:
+        elif now - self.gone_since >= GONE_AFTER:
             raise CutError(
-                f"sparkapply run stopped before making the cut at {self.lsn}: slot "
-                f"{self.slot} has been inactive for {now - self.gone_since:.0f}s",
+                f"sparkapply run stopped before making the cut at {self.lsn} (no run holds "
+                f"slot {self.slot} or {run_lock(self.work_dir)})",
                 lsn=self.lsn,
                 hint="run this again: with no run holding the slot, verify brings the "
                 "mirror to the point itself",

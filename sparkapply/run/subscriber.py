@@ -68,6 +68,7 @@ from sparkapply.source.connection import ReplicationConnection, connect
 from sparkapply.source.negotiation import Protocol
 from sparkapply.source.publisher import PublishedTable, check_publisher
 from sparkapply.source.stream import ReplicationStream
+from sparkapply.state.presence import living
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -167,6 +168,11 @@ class Subscriber:
         until the batch serving the requested cut at that LSN has completed: see
         :mod:`sparkapply.run.exact_cut`)."""
         self._until_cut = until_cut
+        # For as long as it lives, also between sessions: verify must not take its slot.
+        with living(self.config.work_dir):
+            return self._sessions(until_caught_up)
+
+    def _sessions(self, until_caught_up: bool) -> RunSummary:
         src = self.config.source
         protocol, self._published = check_publisher(src.dsn, src.publication)
         spark, catalog = self._open_sinks()

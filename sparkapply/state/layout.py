@@ -16,6 +16,7 @@
                          ``verify`` about to ask for a cut above F: apply nothing
                          above F until the file goes or ``until`` passes
     verify.json          the last ``sparkapply verify``'s verdict (state/verdict.py)
+    run.lock             locked (flock) while a ``run`` lives (state/presence.py)
     logs/                Spark's output (apply/session.py)
 
 ``status`` and the metrics read these while ``run`` writes them, so every reader
@@ -37,6 +38,7 @@ SKIP_FILE = "skip.json"
 CUT_REQUESTS_DIR = "cut-requests"
 VERIFY_FILE = "verify.json"
 LOGS_DIR = "logs"
+RUN_LOCK = "run.lock"
 
 
 def _entry(name: str) -> Callable[[Path], Path]:
@@ -55,6 +57,7 @@ skip_file = _entry(SKIP_FILE)
 cut_requests_dir = _entry(CUT_REQUESTS_DIR)
 verify_file = _entry(VERIFY_FILE)
 logs_dir = _entry(LOGS_DIR)
+run_lock = _entry(RUN_LOCK)
 
 
 # -- inside prepared/ (given the store's directory: tests keep stores elsewhere) -----------
