@@ -49,7 +49,8 @@ def _inserts(
 def build(mirror: Mirror, columns: Sequence[Column], count: int) -> int:
     """A keyed table ``k`` of ``count`` rows (or more) and a keyless one ``f`` over
     ``columns``: half copied, half streamed and applied by a Spark job, then changes
-    left for verify's own run. The rows of ``k`` (ids 0 ..)."""
+    left for verify's own run. The id of ``k``'s last row, deleted: the rows below it
+    remain."""
     keyed = rows(columns, count)
     keyless = rows(columns)
     half, half_f = len(keyed) // 2, len(keyless) // 2
