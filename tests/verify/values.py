@@ -9,7 +9,6 @@ every value and the null meet every other column's values in some row."""
 
 from __future__ import annotations
 
-import decimal
 import json
 import math
 from collections.abc import Sequence
@@ -160,9 +159,20 @@ def _floats(width: Literal[32, 64]) -> st.SearchStrategy[str]:
     return st.floats(width=width).map(_float_text)
 
 
+def _decimal_text(units: int, places: int) -> str:
+    """``units`` ten-to-the-``places``ths, exactly (no decimal context rounds it)."""
+    digits = str(abs(units)).rjust(places + 1, "0")
+    sign = "-" if units < 0 else ""
+    return (
+        f"{sign}{digits[: len(digits) - places]}.{digits[len(digits) - places :]}"
+        if places
+        else f"{sign}{digits}"
+    )
+
+
 def _decimals(digits: int, places: int) -> st.SearchStrategy[str]:
-    limit = decimal.Decimal(10) ** (digits - places) - decimal.Decimal(10) ** -places
-    return st.decimals(-limit, limit, places=places, allow_nan=False).map(str)
+    most = 10**digits - 1
+    return st.integers(-most, most).map(lambda units: _decimal_text(units, places))
 
 
 _TEXT = st.text(st.characters(exclude_characters="\x00", codec="utf-8"), max_size=20)
