@@ -56,6 +56,14 @@ def wait_for_cut(
     ``work_dir``, served by the running ``sparkapply run`` or the next one) and waits
     up to ``timeout`` seconds. Raises :class:`~sparkapply.errors.CutError` when it
     does not come, or cannot (the mirror is already past ``lsn``)."""
+    if not run_alive(config.work_dir):
+        log.info(
+            "no sparkapply run is running on %s: the cut at %s waits for the next one "
+            "(up to %gs here)",
+            config.work_dir,
+            lsn,
+            timeout,
+        )
     return _Waiter(config, lsn, catalog).wait(timeout, watch=None)
 
 
