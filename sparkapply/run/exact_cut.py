@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL = 1.0  # seconds between reads of the catalog (and the slot) while waiting
+FILE_POLL = 0.1  # seconds between looks at the request's file (a local directory)
 PROGRESS_EVERY = 15.0  # seconds between log lines saying how far the run has come
 # Neither the run's lock nor the slot held this long: the run is gone (a run restarted
 # by a service manager takes the lock again within it).
@@ -171,6 +172,15 @@ class _Waiter:
         cuts = read_cuts(self.catalog.load_table(self.ident), at_most=self.lsn)
         return cuts[-1] if cuts and cuts[-1].lsn == self.lsn else None
 
+    def timed_out(self, timeout: float) -> CutError:
+        return CutError(
+            f"no cut at {self.lsn} after {timeout:g}s: `sparkapply run` is not running, or "
+            "has not reached that LSN yet",
+            lsn=self.lsn,
+            hint="the request stays under work_dir/cut-requests; a later run makes the cut "
+            "(run this again to wait for it), or remove the file to cancel",
+        )
+
     def passed(self) -> CutPassedError:
         return CutPassedError(
             f"no cut can be made at exactly {self.lsn}: the mirror already holds "
@@ -188,29 +198,25 @@ class _Waiter:
         self.requests.add(self.lsn)
         deadline = time.monotonic() + timeout
         slot = _SlotWatch(watch, self.lsn) if watch is not None else None
+        read_at = float("-inf")
         try:
             while True:
-                found = self.found()
-                if found is not None:
-                    return found
-                if self.lsn not in self.requests.pending():  # served, or dropped: no cut
+                # The run removes the request once the cut is committed: the file is
+                # looked at often, the catalog read when it went, or once a second.
+                served = self.lsn not in self.requests.pending()
+                now = time.monotonic()
+                if served or now - read_at >= POLL or now >= deadline:
+                    read_at = now
                     found = self.found()
                     if found is not None:
                         return found
-                    raise self.passed()
-                if slot is not None:
-                    slot.check()
-                now = time.monotonic()
-                if now >= deadline:
-                    raise CutError(
-                        f"no cut at {self.lsn} after {timeout:g}s: `sparkapply run` is not "
-                        "running, or has not reached that LSN yet",
-                        lsn=self.lsn,
-                        hint="the request stays under work_dir/cut-requests; a later run "
-                        "makes the cut (run this again to wait for it), or remove the file "
-                        "to cancel",
-                    )
-                time.sleep(min(POLL, deadline - now))
+                    if served:  # dropped: the mirror is past it
+                        raise self.passed()
+                    if slot is not None:
+                        slot.check()
+                    if now >= deadline:
+                        raise self.timed_out(timeout)
+                time.sleep(min(FILE_POLL, max(0.0, deadline - now)))
         finally:
             if slot is not None:
                 slot.close()
