@@ -3,8 +3,8 @@
 1. A temporary slot's exported snapshot fixes a point C on the publisher; every
    published table is hashed there by the server (``publisher.py``).
 2. The mirror's cut at C - 1 (as ``sparkapply cut --at-lsn`` asks for it: made by
-   the running ``run``, or, when none holds the slot, by the subscriber run here
-   until it is, within ``timeout``: ``run/exact_cut.py``) says which snapshot of each
+   the running ``run``, or, when none runs, by the subscriber run here until it is,
+   within ``timeout``: ``run/exact_cut.py``) says which snapshot of each
    table holds exactly the same transactions, every commit below C (a commit record
    may start at C itself, and the snapshot does not see it); Spark tasks hash those
    (``mirror.py``).
