@@ -3,7 +3,7 @@ on the server) equals the mirror's (over the Arrow values the product's conversi
 makes of the text pgoutput sends), nulls, special values and null array elements
 included. The end-to-end proof, through a real mirror, is
 ``tests/e2e/test_verify_values.py``. ``VALUES_EXAMPLES=N`` tries N lists of values a
-type (default 8, for the suite's time)."""
+type (default 5, for the suite's time)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_generated_values_have_one_text_on_both_sides(
     select = sql.SQL("SELECT {}, {} FROM {} ORDER BY n").format(sent, canonical, table)
 
     @settings(
-        max_examples=int(os.environ.get("VALUES_EXAMPLES", "8")),
+        max_examples=int(os.environ.get("VALUES_EXAMPLES", "5")),
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
