@@ -301,8 +301,12 @@ def _decimal_texts(array: pa.Array) -> pa.Array:
 
 
 def _list_texts(array: pa.Array, element: ColumnTarget) -> pa.Array:
-    values = pc.fill_null(pc.cast(arrow_texts(array.flatten(), element), _STRING), NULL)
-    offsets = pc.subtract(array.offsets, array.offsets[0])
+    # The values the offsets span, not flatten(): that leaves out what backs a null
+    # list, and the offsets would no longer match.
+    start, end = array.offsets[0].as_py(), array.offsets[-1].as_py()
+    inner = array.values.slice(start, end - start)
+    values = pc.fill_null(pc.cast(arrow_texts(inner, element), _STRING), NULL)
+    offsets = pc.subtract(array.offsets, start)
     lists_of = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
     lists = lists_of.from_arrays(offsets, values)
     joined = pc.binary_join(lists, ELEMENT_SEP)

@@ -349,3 +349,17 @@ def test_a_null_beside_clamped_values_stays_null(kind: ColumnKind, values: pa.Ar
     element_target = _target(ColumnKind.LIST, kind)
     framed = "[" + "\x1d".join("\x1e" if v is None else v for v in want) + "]"
     assert arrow_text(lists, element_target) == [framed, "[]", None]
+
+
+def test_a_null_list_backed_by_values_stays_null() -> None:
+    """A null list may span values (Arrow allows it, and a writer may leave them):
+    they belong to no list, and the lists after it keep their own."""
+    values = pa.array([1, None, 3, 4], pa.int32())
+    lists = pa.LargeListArray.from_arrays(
+        pa.array([0, 2, 3, 4, 4], pa.int64()),
+        values,
+        mask=pa.array([True, False, False, True]),
+    )
+    target = column_target(PgColumnType(1007, -1))  # int4[]
+    assert arrow_text(lists, target) == [None, "[3]", "[4]", None]
+    assert arrow_text(lists.slice(1), target) == ["[3]", "[4]", None]
