@@ -3,24 +3,24 @@
 A cut is made by the running mirror, never here: ``--at-lsn X`` leaves a request under
 ``work_dir`` (``changes/cut_requests.py``) that the running ``sparkapply run``, or the
 next one, serves by ending a batch at X, and waits for the cut to appear in the cuts
-table. Reading cuts is :mod:`sparkapply.sink.read`'s; tagging is ``sink/cuts.py``'s.
+table (``run/exact_cut.py``). Reading cuts is :mod:`sparkapply.sink.read`'s; tagging
+is ``sink/cuts.py``'s.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 
 from pyiceberg.catalog import Catalog
 
-from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.config import Config
-from sparkapply.errors import ConfigError, CutError, CutPassedError
+from sparkapply.errors import ConfigError
 from sparkapply.lsn import Lsn
+from sparkapply.run.exact_cut import wait_for_cut
 from sparkapply.sink.atomic import atomic_commits
 from sparkapply.sink.catalog import open_catalog
-from sparkapply.sink.cuts import Cut, cuts_identifier, read_cuts, tag_cut, untag
+from sparkapply.sink.cuts import Cut, tag_cut, untag
 from sparkapply.sink.read import latest_cut
 
 log = logging.getLogger(__name__)
@@ -96,48 +96,3 @@ def _lsn_argument(value: str | None, option: str) -> Lsn | None:
         return Lsn(value)
     except ValueError as exc:
         raise ConfigError(f"{option}: {exc}", key=option) from None
-
-
-def wait_for_cut(config: Config, lsn: Lsn, *, timeout: float, poll: float = 0.25) -> Cut:
-    """The cut at exactly ``lsn``: asks the mirror to make it (a file under
-    ``work_dir``, served by the running ``sparkapply run`` or the next one) and waits
-    up to ``timeout`` seconds. Raises :class:`~sparkapply.errors.CutError` when it
-    does not come, or cannot (the mirror is already past ``lsn``)."""
-    catalog = open_catalog(config.sink.catalog_name, config.catalog_properties())
-    ident = cuts_identifier(config.sink.cuts_table)
-    found = _exact(catalog, ident, lsn)
-    if found is not None:
-        return found
-    requests = CutRequests(config.work_dir, interval=0.0)
-    requests.add(lsn)
-    deadline = time.monotonic() + timeout
-    while True:
-        found = _exact(catalog, ident, lsn)
-        if found is not None:
-            return found
-        if lsn not in requests.pending():  # served, or dropped if there is no cut
-            found = _exact(catalog, ident, lsn)
-            if found is not None:
-                return found
-            raise CutPassedError(
-                f"no cut can be made at exactly {lsn}: the mirror already holds "
-                "transactions after it",
-                lsn=lsn,
-                hint=f"`sparkapply cut --lsn {lsn}` gives the newest cut at or before it",
-            )
-        if time.monotonic() >= deadline:
-            raise CutError(
-                f"no cut at {lsn} after {timeout:g}s: `sparkapply run` is not running, or "
-                "has not reached that LSN yet",
-                lsn=lsn,
-                hint="the request stays under work_dir/cut-requests; a later run makes "
-                "the cut (run this again to wait for it), or remove the file to cancel",
-            )
-        time.sleep(poll)
-
-
-def _exact(catalog: Catalog, ident: tuple[str, str], lsn: Lsn) -> Cut | None:
-    if not catalog.table_exists(ident):
-        return None
-    cuts = read_cuts(catalog.load_table(ident), at_most=lsn)
-    return cuts[-1] if cuts and cuts[-1].lsn == lsn else None

@@ -69,6 +69,7 @@ from sparkapply.source.negotiation import Protocol
 from sparkapply.source.publisher import PublishedTable, check_publisher
 from sparkapply.source.stream import ReplicationStream
 from sparkapply.state.batch_log import BatchLog
+from sparkapply.state.presence import living
 from sparkapply.state.run_state import RunState, RunStateFile
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class Subscriber:
         self.metrics = Metrics(config.metrics, config.work_dir, config.source)
         self._state = RunStateFile(config.work_dir)
         self._batches = BatchLog(config.work_dir)
+        self._until_cut: Lsn | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -169,9 +171,17 @@ class Subscriber:
 
     # -- sessions -----------------------------------------------------------------------
 
-    def run(self, *, until_caught_up: bool = False) -> RunSummary:
+    def run(self, *, until_caught_up: bool = False, until_cut: Lsn | None = None) -> RunSummary:
         """Replicate until :meth:`stop` (or, with ``until_caught_up``, until everything
-        committed before the call is applied and acknowledged)."""
+        committed before the call is applied and acknowledged; with ``until_cut``,
+        until the batch serving the requested cut at that LSN has completed: see
+        :mod:`sparkapply.run.exact_cut`)."""
+        self._until_cut = until_cut
+        # For as long as it lives, also between sessions: verify must not take its slot.
+        with living(self.config.work_dir):
+            return self._run(until_caught_up)
+
+    def _run(self, until_caught_up: bool) -> RunSummary:
         src = self.config.source
         try:
             protocol, self._published = check_publisher(src.dsn, src.publication)
@@ -336,7 +346,8 @@ class Subscriber:
 
     def _completed(self, session: Session, running: Future[tuple[BatchStats, float]]) -> None:
         """The apply thread finished a batch: it is done in the progress (acknowledged
-        with the next status), or its error is raised and nothing of it is."""
+        with the next status), or its error is raised and nothing of it is. The run
+        stops after the requested cut it was to reach."""
         scheduler = session.scheduler
         batch = scheduler.running
         assert batch is not None
@@ -345,6 +356,8 @@ class Subscriber:
         scheduler.complete(batch)
         if batch.requested is not None and not batch.items:
             scheduler.cut_recorded(batch.requested)
+            if batch.requested == self._until_cut:
+                self.stop()
         else:
             self._account(batch, stats, seconds, session.progress.flushed)
         if session.job.maintenance is not None:

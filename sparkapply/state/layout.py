@@ -16,6 +16,7 @@
                          ``verify`` about to ask for a cut above F: apply nothing
                          above F until the file goes or ``until`` passes
     verify.json          the last ``sparkapply verify``'s verdict (state/verdict.py)
+    run.lock             locked (flock) while a ``run`` lives (state/presence.py)
     logs/                Spark's output (apply/session.py)
       batches.jsonl        one JSON line per acknowledged batch (state/batch_log.py)
     run.json             what the work_dir's ``run`` is doing: streaming, retrying (what
@@ -44,6 +45,7 @@ VERIFY_FILE = "verify.json"
 LOGS_DIR = "logs"
 DEMO_MARKER = "DEMO"
 RUN_FILE = "run.json"
+RUN_LOCK = "run.lock"
 
 
 def _entry(name: str) -> Callable[[Path], Path]:
@@ -62,6 +64,7 @@ skip_file = _entry(SKIP_FILE)
 cut_requests_dir = _entry(CUT_REQUESTS_DIR)
 verify_file = _entry(VERIFY_FILE)
 logs_dir = _entry(LOGS_DIR)
+run_lock = _entry(RUN_LOCK)
 
 
 def batch_log_file(work_dir: Path) -> Path:

@@ -70,6 +70,10 @@ def sql_text(column: sql.Composable, target: ColumnTarget) -> sql.Composable:
     return sql.SQL(template).format(c=column)
 
 
+def _null_stays_null(template: str) -> str:
+    return f"CASE WHEN {{c}} IS NULL THEN NULL ELSE {template} END"
+
+
 _SQL: dict[ColumnKind, str] = {
     ColumnKind.INT: "{c}::text",
     ColumnKind.LONG: "{c}::text",
@@ -81,15 +85,19 @@ _SQL: dict[ColumnKind, str] = {
     # bpchar's padding, which pgoutput sends.
     ColumnKind.STRING: "CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END",
     ColumnKind.BINARY: "encode({c}, 'hex')",
-    ColumnKind.DATE: (
+    # Clamped as the mirror clamps (below), null kept: GREATEST and LEAST skip nulls,
+    # and would make a null the clamp's bound.
+    ColumnKind.DATE: _null_stays_null(
         "(least(greatest({c}, '0001-01-01'::date), '9999-12-31'::date) - '1970-01-01'::date)::text"
     ),
-    ColumnKind.TIME: f"least((extract(epoch FROM {{c}}) * 1000000)::bigint, {_TIME_MAX})::text",
-    ColumnKind.TIMESTAMP: (
+    ColumnKind.TIME: _null_stays_null(
+        f"least((extract(epoch FROM {{c}}) * 1000000)::bigint, {_TIME_MAX})::text"
+    ),
+    ColumnKind.TIMESTAMP: _null_stays_null(
         "(extract(epoch FROM least(greatest({c}, '0001-01-01 00:00:00'::timestamp),"
         " '9999-12-31 23:59:59.999999'::timestamp)) * 1000000)::bigint::text"
     ),
-    ColumnKind.TIMESTAMPTZ: (
+    ColumnKind.TIMESTAMPTZ: _null_stays_null(
         "(extract(epoch FROM least(greatest({c}, '0001-01-01 00:00:00+00'::timestamptz),"
         " '9999-12-31 23:59:59.999999+00'::timestamptz)) * 1000000)::bigint::text"
     ),
@@ -221,7 +229,9 @@ def _clamped_ints(ints: pa.Array, low: int, high: int) -> pa.Array:
     (most columns need no clamping, and the check is cheaper than the clamp)."""
     least, most = pc.min_max(ints).values()
     if least.is_valid and (least.as_py() < low or most.as_py() > high):
-        ints = pc.min_element_wise(pc.max_element_wise(ints, low), high)
+        # skip_nulls=False: a null stays null (skipped, it would become the bound).
+        low_ = pc.max_element_wise(ints, low, skip_nulls=False)
+        ints = pc.min_element_wise(low_, high, skip_nulls=False)
     return pc.cast(ints, _STRING)
 
 
@@ -291,8 +301,12 @@ def _decimal_texts(array: pa.Array) -> pa.Array:
 
 
 def _list_texts(array: pa.Array, element: ColumnTarget) -> pa.Array:
-    values = pc.fill_null(pc.cast(arrow_texts(array.flatten(), element), _STRING), NULL)
-    offsets = pc.subtract(array.offsets, array.offsets[0])
+    # The values the offsets span, not flatten(): that leaves out what backs a null
+    # list, and the offsets would no longer match.
+    start, end = array.offsets[0].as_py(), array.offsets[-1].as_py()
+    inner = array.values.slice(start, end - start)
+    values = pc.fill_null(pc.cast(arrow_texts(inner, element), _STRING), NULL)
+    offsets = pc.subtract(array.offsets, start)
     lists_of = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
     lists = lists_of.from_arrays(offsets, values)
     joined = pc.binary_join(lists, ELEMENT_SEP)

@@ -2,10 +2,11 @@
 
 1. A temporary slot's exported snapshot fixes a point C on the publisher; every
    published table is hashed there by the server (``publisher.py``).
-2. The mirror's cut at C - 1 (``sparkapply cut --at-lsn``: made by the running
-   ``run``, or the next one, within ``timeout``) says which snapshot of each table
-   holds exactly the same transactions, every commit below C (a commit record may
-   start at C itself, and the snapshot does not see it); Spark tasks hash those
+2. The mirror's cut at C - 1 (as ``sparkapply cut --at-lsn`` asks for it: made by
+   the running ``run``, or, when none runs, by the subscriber run here until it is,
+   within ``timeout``: ``run/exact_cut.py``) says which snapshot of each
+   table holds exactly the same transactions, every commit below C (a commit record
+   may start at C itself, and the snapshot does not see it); Spark tasks hash those
    (``mirror.py``).
 3. Per table: rows and the order-independent hash (``canonical.py``). When they
    differ, the buckets whose sums differ are read on both sides and their rows
@@ -31,12 +32,12 @@ from typing import Any, Literal
 from pyiceberg.catalog import Catalog
 
 from sparkapply.changes.cut_requests import HOLD_SETTLE, CutRequests
-from sparkapply.commands.cut import wait_for_cut
 from sparkapply.config import Config
 from sparkapply.convert.types import PgColumnType, column_target
 from sparkapply.copy.snapshot import SourceTable, describe_tables
 from sparkapply.errors import ConfigError, CutPassedError
 from sparkapply.lsn import Lsn
+from sparkapply.run.exact_cut import bring_to_cut
 from sparkapply.state.verdict import record_verify
 from sparkapply.verify.canonical import NULL
 from sparkapply.verify.mirror import Buckets, RowTexts, Shape, mirror_rows, mirror_sums
@@ -243,17 +244,17 @@ def _compare(
         lambda: {s.key: publisher_sums(point.conn, s, shapes[s.key]) for s in sources}
     )
     try:
-        log.info(
-            "verifying at %s: waiting up to %gs for the mirror's cut at %s (every commit below it)",
-            point.lsn,
-            timeout,
-            point.cut_lsn,
-        )
-        cut = wait_for_cut(config, point.cut_lsn, timeout=timeout)
         if spark is None:
             from sparkapply.apply.session import get_session
 
             spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
+        log.info(
+            "verifying at %s: up to %gs for the mirror's cut at %s (every commit below it)",
+            point.lsn,
+            timeout,
+            point.cut_lsn,
+        )
+        cut = bring_to_cut(config, point.cut_lsn, timeout=timeout, spark=spark, catalog=catalog)
         ice = _mirror_side(config, catalog, spark, cut.tables, sources, shapes)
         pg = future.result()
     except BaseException:

@@ -17,12 +17,12 @@ import psycopg
 import pytest
 
 from sparkapply.cli import main
-from sparkapply.commands.cut import wait_for_cut
 from sparkapply.config import load_config
 from sparkapply.errors import CutError
 from sparkapply.lsn import Lsn
 from sparkapply.maintain.plan import health
 from sparkapply.read import cut_snapshots, latest_cut, read_table
+from sparkapply.run.exact_cut import wait_for_cut
 from sparkapply.run.subscriber import Subscriber
 from sparkapply.sink.atomic import atomic_commits
 from sparkapply.sink.catalog import open_catalog

@@ -15,9 +15,13 @@ import pyarrow as pa
 import pytest
 
 from sparkapply.cli import main
+from sparkapply.errors import CutError
+from sparkapply.lsn import Lsn
 from sparkapply.metrics import _verify_gauge
+from sparkapply.run.exact_cut import bring_to_cut, slot_holder
 from sparkapply.run.subscriber import Subscriber
 from sparkapply.sink.cuts import read_cuts
+from sparkapply.sink.progress import applied_lsn
 from sparkapply.state.layout import CUT_REQUESTS_DIR
 from sparkapply.state.verdict import last_verify
 from sparkapply.verify.command import run_verify
@@ -118,13 +122,11 @@ def test_verify_matches_a_live_mirror_while_it_applies(
         thread.join(30)
         pg_server.set_streaming("buffered")
         running.stop()
-    # The command line, with the run stopped: it waits for a run to make the cut and
-    # says why it cannot when none does.
+    # Killed while it brings the stopped mirror to its point: its temporary slot is
+    # gone all the same.
     config = mirror.write_config(tmp_path / "verify.toml")
-    assert main(["verify", "--config", str(config), "--timeout", "1"]) == 2
-    # Killed while it waits: its temporary slot is gone all the same.
     requests = mirror.config.work_dir / CUT_REQUESTS_DIR
-    before = len(list(requests.iterdir()))  # the request the first call left
+    before = len(list(requests.iterdir())) if requests.exists() else 0
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparkapply", "verify", "--config", str(config)],
         stdout=subprocess.DEVNULL,
@@ -189,3 +191,102 @@ def test_verify_names_the_rows_of_a_broken_mirror(
     (dup,) = by_table["public.events"]["differences"]
     assert dup["kind"] == "extra in Iceberg" and dup["row"].startswith("(who=")
     assert "MATCH: 1 tables" in text
+
+
+def _wal_position(conn: psycopg.Connection[tuple[object, ...]]) -> Lsn:
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn(str(row[0]))
+
+
+def _updates(mirror: Mirror, count: int) -> Lsn:
+    """``count`` one-row transactions; the WAL position before the last one's commit."""
+    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+        last = _wal_position(conn)
+        for i in range(count):
+            if i == count - 1:
+                last = _wal_position(conn)
+            conn.execute("UPDATE acc SET n = n + 1 WHERE id = %s", (i % 50 + 1,))
+    return last
+
+
+def test_verify_brings_a_stopped_mirror_to_its_point(
+    mirror: Mirror, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no run, verify applies up to its point itself (and nothing beyond), then
+    compares; it finds a row changed behind the mirror's back."""
+    mirror.sql(
+        "CREATE TABLE acc (id int PRIMARY KEY, n int, at timestamp)",
+        "INSERT INTO acc SELECT g, 0, CASE WHEN g % 3 > 0 THEN timestamp '2026-01-01' "
+        "+ g * interval '1 h' END FROM generate_series(1, 50) g",
+        "CREATE PUBLICATION pub FOR TABLE acc",
+    )
+    mirror.run()
+    last = _updates(mirror, 300)
+    before = applied_lsn(mirror.iceberg_table("public.acc"))
+    assert before is not None and before < last  # behind
+    config = mirror.write_config(tmp_path / "verify.toml")
+    capsys.readouterr()
+    started = time.monotonic()
+    assert main(["verify", "--config", str(config), "--json"]) == 0
+    assert time.monotonic() - started < 60
+    report = json.loads(capsys.readouterr().out)
+    point = Lsn(report["lsn"])
+    table = mirror.iceberg_table("public.acc")
+    applied = applied_lsn(table)
+    assert applied is not None and last <= applied < point  # at the point, not past it
+    cut = read_cuts(mirror.iceberg_table(mirror.config.sink.cuts_table), at_most=point)[-1]
+    assert cut.lsn == point - 1 and cut.requested
+    assert cut.tables["public.acc"] == table.metadata.current_snapshot_id
+    mirror.assert_mirrored("public.acc")
+    assert not list((mirror.config.work_dir / CUT_REQUESTS_DIR).iterdir())
+    with psycopg.connect(mirror.dsn) as conn:  # its subscriber let go of the slot
+        row = conn.execute(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (mirror.slot,)
+        ).fetchone()
+    assert row == (False,)
+
+    # A value changed behind the mirror's back, and the mirror behind again.
+    row = table.scan(row_filter="id = 45").to_arrow()
+    table.overwrite(
+        row.set_column(1, "n", pa.array([-1], row.schema.field("n").type)),
+        overwrite_filter="id = 45",
+    )
+    _updates(mirror, 20)  # ids 1 to 20: not 45
+    assert main(["verify", "--config", str(config), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    (acc,) = report["tables"]
+    assert [(d["kind"], d["row"], d["columns"]) for d in acc["differences"]] == [
+        ("different", "id='45'", ["n"])
+    ]
+
+
+def test_verify_says_when_the_run_it_waits_for_goes_away(mirror: Mirror) -> None:
+    """Waiting for a running run's cut, verify notices that the run stopped, and says
+    so at once instead of waiting out its timeout."""
+    mirror.sql("CREATE TABLE acc (id int PRIMARY KEY)", "CREATE PUBLICATION pub FOR TABLE acc")
+    mirror.run()
+    running = Running(Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog))
+    wait_until(lambda: slot_holder(mirror.config) is not None, "the run to take its slot")
+    far = Lsn(mirror.insert_lsn() + (1 << 32))  # a point the run will not reach
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            bring_to_cut(
+                mirror.config, far, timeout=300, spark=mirror.spark, catalog=mirror.catalog
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    time.sleep(2)
+    assert not errors  # waiting for the live run
+    running.stop()
+    stopped = time.monotonic()
+    waiter.join(60)
+    assert not waiter.is_alive()
+    assert time.monotonic() - stopped < 15  # GONE_AFTER, and a read a second
+    (error,) = errors
+    assert isinstance(error, CutError) and "stopped before making the cut" in str(error)

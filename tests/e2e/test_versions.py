@@ -25,7 +25,9 @@ from sparkapply.embedded import EmbeddedPostgres, installed_bin_dir
 from sparkapply.source.connection import session_conninfo
 from sparkapply.verify.canonical import sql_hash, text_hash
 from sparkapply.verify.publisher import check_hash
+from tests.e2e.test_verify_values import prove
 from tests.mirror import Mirror
+from tests.verify.values import COLUMNS
 
 pytestmark = pytest.mark.integration
 
@@ -225,3 +227,26 @@ def test_verify_hashes_rows_as_every_version_does(server: EmbeddedPostgres) -> N
         query = sql.SQL("SELECT {} FROM unnest(%s::text[]) WITH ORDINALITY u(v, n) ORDER BY n")
         got = [r[0] for r in conn.execute(query.format(sql_hash(sql.SQL("v"))), (texts,))]
     assert got == [text_hash(t) for t in texts]
+
+
+def test_verify_proves_the_mapped_types(
+    server: EmbeddedPostgres, tmp_path: Path, spark: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verify's proof over every mapped type (``test_verify_values.py``), smaller: on
+    PostgreSQL 16 the full one runs with the other tests."""
+    if server.version == 16:
+        pytest.skip("tests/e2e/test_verify_values.py runs the full proof on PostgreSQL 16")
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS verify_values WITH (FORCE)")
+        conn.execute("CREATE DATABASE verify_values")
+    dsn = psycopg.conninfo.make_conninfo(server.dsn(), dbname="verify_values")
+    mirror = Mirror(dsn, tmp_path / "work", spark, slot=f"values_{server.version}")
+    try:
+        prove(mirror, mirror.write_config(tmp_path / "verify.toml"), COLUMNS, capsys, count=6)
+    finally:
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND NOT active",
+                (mirror.slot,),
+            )

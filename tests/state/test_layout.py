@@ -18,6 +18,7 @@ def test_every_path_is_under_work_dir(tmp_path: Path) -> None:
         layout.cut_requests_dir(tmp_path): "cut-requests",
         layout.verify_file(tmp_path): "verify.json",
         layout.logs_dir(tmp_path): "logs",
+        layout.run_lock(tmp_path): "run.lock",
     }
     for path, name in paths.items():
         assert path == tmp_path / name

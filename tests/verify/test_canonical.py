@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from sparkapply.convert.types import PgColumnType, column_target
+from sparkapply.convert.types import ColumnKind, ColumnTarget, PgColumnType, column_target
 from sparkapply.source.connection import session_conninfo
 from sparkapply.verify.canonical import (
     arrow_hashes,
@@ -79,7 +79,7 @@ CASES: list[tuple[str, list[str], list[Any], pa.DataType]] = [
     ("varchar(5)", ["'ab'"], ["ab"], pa.large_string()),
     ("char(4)", ["'ab'", "'abcd'"], ["ab  ", "abcd"], pa.large_string()),
     ("name", ["'x'"], ["x"], pa.large_string()),
-    ("bytea", ["'\\x00ff10'", "''"], [b"\x00\xff\x10", b""], pa.large_binary()),
+    ("bytea", ["'\\x00ff10'", "''", "NULL"], [b"\x00\xff\x10", b"", None], pa.large_binary()),
     (
         "date",
         [
@@ -89,39 +89,50 @@ CASES: list[tuple[str, list[str], list[Any], pa.DataType]] = [
             "'4713-01-01 BC'",
             "'12345-01-01'",
             "'1969-12-31'",
+            "NULL",
+            "'0001-01-01'",
+            "'9999-12-31'",
         ],
-        [D(2026, 11, 24), LAST, FIRST, FIRST, LAST, D(1969, 12, 31)],
+        [D(2026, 11, 24), LAST, FIRST, FIRST, LAST, D(1969, 12, 31), None, FIRST, LAST],
         pa.date32(),
     ),
     (
         "time",
-        ["'10:00:00.5'", "'24:00:00'", "'00:00:00'"],
-        [dt.time(10, 0, 0, 500000), dt.time(23, 59, 59, 999999), dt.time(0)],
+        ["'10:00:00.5'", "'24:00:00'", "'00:00:00'", "NULL"],
+        [dt.time(10, 0, 0, 500000), dt.time(23, 59, 59, 999999), dt.time(0), None],
         pa.time64("us"),
     ),
     (
         "timestamp",
-        ["'2026-11-24 10:00:00.123456'", "'infinity'", "'-infinity'", "'1900-01-01'"],
-        [T(2026, 11, 24, 10, 0, 0, 123456), TS_LAST, TS_FIRST, T(1900, 1, 1)],
+        [
+            "'2026-11-24 10:00:00.123456'",
+            "'infinity'",
+            "'-infinity'",
+            "'1900-01-01'",
+            "NULL",
+            "'9999-12-31 23:59:59.999999'",
+        ],
+        [T(2026, 11, 24, 10, 0, 0, 123456), TS_LAST, TS_FIRST, T(1900, 1, 1), None, TS_LAST],
         pa.timestamp("us"),
     ),
     (
         "timestamptz",
-        ["'2026-11-24 10:00:00+02'", "'infinity'", "'1850-06-01 12:00:00+00'"],
+        ["'2026-11-24 10:00:00+02'", "'infinity'", "'1850-06-01 12:00:00+00'", "NULL"],
         [
             T(2026, 11, 24, 8, tzinfo=UTC),
             TS_LAST.replace(tzinfo=UTC),
             T(1850, 6, 1, 12, tzinfo=UTC),
+            None,
         ],
         pa.timestamp("us", tz="UTC"),
     ),
     (
         "uuid",
-        ["'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'"],
-        [uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11").bytes],
+        ["'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'", "NULL"],
+        [uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11").bytes, None],
         pa.uuid(),
     ),
-    ("json", ["'{\"a\":  1}'"], ['{"a":  1}'], pa.large_string()),
+    ("json", ["'{\"a\":  1}'", "NULL"], ['{"a":  1}', None], pa.large_string()),
     ("jsonb", ['\'{"b": 2, "a": 1}\''], ['{"a": 1, "b": 2}'], pa.large_string()),
     ("interval", ["'1 day 02:00'", "'-3 mons'"], ["1 day 02:00:00", "-3 mons"], pa.large_string()),
     ("timetz", ["'10:00:00+02'"], ["10:00:00+02"], pa.large_string()),
@@ -133,7 +144,42 @@ CASES: list[tuple[str, list[str], list[Any], pa.DataType]] = [
     ),
     ("text[]", ["'{\"a b\",c,NULL}'"], [["a b", "c", None]], pa.large_list(pa.large_string())),
     ("float8[]", ["'{NaN,1.5,-0}'"], [[math.nan, 1.5, -0.0]], pa.large_list(pa.float64())),
-    ("date[]", ["'{infinity,2026-01-02}'"], [[LAST, D(2026, 1, 2)]], pa.large_list(pa.date32())),
+    (
+        "date[]",
+        ["'{infinity,2026-01-02}'", "'{NULL,-infinity}'", "'{NULL}'"],
+        [[LAST, D(2026, 1, 2)], [None, FIRST], [None]],
+        pa.large_list(pa.date32()),
+    ),
+    (
+        "timestamp[]",
+        ["'{NULL,infinity}'", "'{\"2026-01-02 03:04:05\",NULL}'", "'{}'", "NULL"],
+        [[None, TS_LAST], [T(2026, 1, 2, 3, 4, 5), None], [], None],
+        pa.large_list(pa.timestamp("us")),
+    ),
+    (
+        "timestamptz[]",
+        ["'{NULL}'", "'{-infinity,NULL}'"],
+        [[None], [TS_FIRST.replace(tzinfo=UTC), None]],
+        pa.large_list(pa.timestamp("us", tz="UTC")),
+    ),
+    (
+        "time[]",
+        ["'{NULL,24:00:00}'"],
+        [[None, dt.time(23, 59, 59, 999999)]],
+        pa.large_list(pa.time64("us")),
+    ),
+    (
+        "bool[]",
+        ["'{NULL,t,f}'"],
+        [[None, True, False]],
+        pa.large_list(pa.bool_()),
+    ),
+    (
+        "numeric(6,2)[]",
+        ["'{NULL,NaN,1.5}'"],
+        [[None, None, Decimal("1.50")]],
+        pa.large_list(pa.decimal128(6, 2)),
+    ),
 ]
 
 
@@ -257,3 +303,63 @@ def test_a_wide_row_has_one_text(pg_dsn: str, width: int) -> None:
     assert h == text_hash(text)
     columns = [pa.array([v], pa.large_string()) for v in values]
     assert arrow_row_texts(columns).to_pylist() == [text]
+
+
+def _target(kind: ColumnKind, element: ColumnKind | None = None) -> ColumnTarget:
+    """The target of an Iceberg column kind, as verify's shape holds it."""
+    oids = {
+        ColumnKind.DATE: 1082,
+        ColumnKind.TIME: 1083,
+        ColumnKind.TIMESTAMP: 1114,
+        ColumnKind.TIMESTAMPTZ: 1184,
+    }
+    if element is not None:
+        array_oids = {1082: 1182, 1083: 1183, 1114: 1115, 1184: 1185}
+        return column_target(PgColumnType(array_oids[oids[element]], -1))
+    return column_target(PgColumnType(oids[kind], -1))
+
+
+@pytest.mark.parametrize(
+    ("kind", "values"),
+    [
+        # Out-of-range values (written by another tool) need clamping: the nulls beside
+        # them stay null, not the bound.
+        (ColumnKind.DATE, pa.array([None, 3_000_000, None, -800_000], pa.int32())),
+        (ColumnKind.TIMESTAMP, pa.array([None, 2**62, -(2**62)], pa.int64())),
+        (ColumnKind.TIMESTAMPTZ, pa.array([-(2**62), None], pa.int64())),
+        (ColumnKind.TIME, pa.array([None, 86_400_000_000], pa.int64())),
+    ],
+)
+def test_a_null_beside_clamped_values_stays_null(kind: ColumnKind, values: pa.Array) -> None:
+    from sparkapply.convert.temporal import DATE_MAX, DATE_MIN, TIMESTAMP_MAX, TIMESTAMP_MIN
+
+    target = _target(kind)
+    arrow_type = target.arrow_type
+    array = values
+    typed = pa.Array.from_buffers(arrow_type, len(array), array.buffers())
+    low, high = {
+        ColumnKind.DATE: (DATE_MIN, DATE_MAX),
+        ColumnKind.TIME: (0, 86_400_000_000 - 1),
+    }.get(kind, (TIMESTAMP_MIN, TIMESTAMP_MAX))
+    want = [None if v is None else str(min(max(v, low), high)) for v in values.to_pylist()]
+    assert arrow_text(typed, target) == want
+    # The same inside a list, a null element and a null list beside them.
+    lists = pa.LargeListArray.from_arrays(pa.array([0, len(typed), len(typed)], pa.int64()), typed)
+    lists = pa.concat_arrays([lists, pa.nulls(1, lists.type)])
+    element_target = _target(ColumnKind.LIST, kind)
+    framed = "[" + "\x1d".join("\x1e" if v is None else v for v in want) + "]"
+    assert arrow_text(lists, element_target) == [framed, "[]", None]
+
+
+def test_a_null_list_backed_by_values_stays_null() -> None:
+    """A null list may span values (Arrow allows it, and a writer may leave them):
+    they belong to no list, and the lists after it keep their own."""
+    values = pa.array([1, None, 3, 4], pa.int32())
+    lists = pa.LargeListArray.from_arrays(
+        pa.array([0, 2, 3, 4, 4], pa.int64()),
+        values,
+        mask=pa.array([True, False, False, True]),
+    )
+    target = column_target(PgColumnType(1007, -1))  # int4[]
+    assert arrow_text(lists, target) == [None, "[3]", "[4]", None]
+    assert arrow_text(lists.slice(1), target) == ["[3]", "[4]", None]
