@@ -49,8 +49,21 @@ def run_cut(
     if tag is not None:
         tagged = tag_cut(catalog, cut, tag, atomic=atomic)
         log.info("tagged %d tables %s at the cut at %s", len(tagged), tag, cut.lsn)
-    print(json.dumps(cut.as_json()) if as_json else _render(cut))
+    print(json.dumps(_json(catalog, cut)) if as_json else _render(cut))
     return 0
+
+
+def _json(catalog: Catalog, cut: Cut) -> dict[str, object]:
+    """The cut, with where each table is: its Iceberg name and the metadata file that
+    holds its snapshot (a reader by path, such as DuckDB's ``iceberg_scan``, needs it).
+    The current metadata lists every retained snapshot, the cut's among them."""
+    doc = cut.as_json()
+    doc["iceberg"] = dict(sorted(cut.iceberg.items()))
+    doc["metadata_locations"] = {
+        name: catalog.load_table(tuple(ident.split(".", 1))).metadata_location
+        for name, ident in sorted(cut.iceberg.items())
+    }
+    return doc
 
 
 def untag_cut(config: Config, name: str, *, tag: str | None = None) -> int:

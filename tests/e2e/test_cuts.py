@@ -142,6 +142,15 @@ def test_cut_command(mirror: Mirror, tmp_path: Path, capsys: pytest.CaptureFixtu
         "public.t": mirror.catalog.load_table("public.t").metadata.current_snapshot_id
     }
     assert printed["committed_at"] is not None and "+00:00" in printed["committed_at"]
+    assert printed["iceberg"] == {"public.t": "public.t"}
+    location = printed["metadata_locations"]["public.t"]
+    assert location == mirror.catalog.load_table("public.t").metadata_location
+    with duckdb_connection() as con:  # a reader by path, given nothing else
+        (count,) = con.execute(
+            "SELECT count(*) FROM iceberg_scan(?, snapshot_from_id => ?)",
+            [location, printed["tables"]["public.t"]],
+        ).fetchone()  # type: ignore[misc]
+    assert count == 2
 
     assert main(["cut", "--config", str(config)]) == 0
     text = capsys.readouterr().out
