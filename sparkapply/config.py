@@ -282,7 +282,7 @@ def _json_table(name: str, raw: str) -> dict[str, str]:
         raise ConfigError(
             f"environment variable {name} must hold a JSON object of keys and values",
             key=name,
-            hint=f"e.g. {name}='{{\"s3.secret-access-key\": \"...\"}}'",
+            hint=f'e.g. {name}=\'{{"s3.secret-access-key": "..."}}\'',
         )
     return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
 

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
@@ -74,6 +75,10 @@ def commit_mode(catalog: Catalog) -> str:
     """How a batch commits, for the log and ``status``."""
     if atomic_commits(catalog):
         return "atomic: one catalog transaction per batch"
+    if isinstance(catalog, RestCatalog):
+        # The REST spec has one (POST /v1/{prefix}/transactions/commit); pyiceberg's
+        # client does not send it, and sparkapply does not send it yet.
+        return "table by table (REST: the multi-table commit is not used yet)"
     return f"table by table ({type(catalog).__name__} has no multi-table commit)"
 
 

@@ -329,7 +329,8 @@ class Stager:
     def _describe(self, ident: TableIdent, rids: frozenset[int]) -> StageTable | None:
         try:
             table = self.catalog.load_table(ident)
-        except Exception:  # not created yet (its first batch creates it): not staged
+        except Exception as exc:  # not created yet (its first batch creates it): not staged
+            log.debug("not staging %s: %s", ".".join(ident), type(exc).__name__)
             return None
         return StageTable(
             ".".join(ident),
