@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tomllib
 import uuid
 from collections.abc import Iterator, Mapping
@@ -288,3 +290,63 @@ def _subscriber(mirror: Mirror) -> Any:
     from sparkapply.run.subscriber import Subscriber
 
     return Subscriber(mirror.config, spark=mirror.spark, catalog=mirror.catalog)
+
+
+def _shell_env(extra: Mapping[str, str] = {}) -> dict[str, str]:
+    """The environment of a child shell: this one's, less every SPARKAPPLY_* and AWS_*
+    variable (the shell exports its own)."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKAPPLY_", "AWS_"))}
+    return {**keep, **extra}
+
+
+def test_secrets_from_a_shell_never_show(lake: tuple[Mirror, Path], s3_env: SeaweedFS) -> None:
+    mirror, config = lake
+    weed = s3_env
+    mirror.sql(
+        "CREATE TABLE orders (id int PRIMARY KEY, note text)",
+        "CREATE TABLE accounts (id int PRIMARY KEY)",
+        "CREATE PUBLICATION pub FOR TABLE orders, accounts",
+        "INSERT INTO orders SELECT g, 'n' FROM generate_series(1, 50) g",
+    )
+    work = mirror.config.work_dir
+    events = work.parent / "spark-events"
+    events.mkdir()
+    # The test server trusts local connections: the password is carried, never checked.
+    dsn_password = "Pg-Secret-7e3"
+    script = f"""
+        set -e
+        export SPARKAPPLY_SINK__CATALOG__CREDENTIAL='{weed.credential}'
+        export SPARKAPPLY_SINK__CATALOG__S3__SECRET_ACCESS_KEY='{weed.secret}'
+        export SPARKAPPLY_SOURCE__DSN='{mirror.dsn} password={dsn_password}'
+        export SPARKAPPLY_SPARK__CONF='{{"spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": "file://{events}", "spark.ui.enabled": "true"}}'
+        "{sys.executable}" -m sparkapply run --config "{config}" --until-caught-up
+        "{sys.executable}" -m sparkapply status --config "{config}" --json
+    """
+    proc = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=300, env=_shell_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert any(t["rows"] == 50 for t in status["tables"] if t["source"] == "public.orders")
+    secrets = (weed.secret, dsn_password, weed.credential)
+    for text in (proc.stdout, proc.stderr):
+        assert not [s for s in secrets if s in text]
+    # Nor in any file the run left: Spark's log and event log (its conf dump), the spool.
+    written = [p for p in work.parent.rglob("*") if p.is_file() and p != config]
+    assert any(p.parent == events or p.parent.parent == events for p in written)
+    for path in written:
+        data = path.read_bytes()
+        assert not [s for s in secrets if s.encode() in data], path
+
+    # A forgotten credential: the catalog refuses it, an operator must act (exit 2).
+    forgot = _shell_env({"SPARKAPPLY_SINK__CATALOG__S3__SECRET_ACCESS_KEY": weed.secret})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkapply", "status", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=forgot,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "refused the credentials" in proc.stderr and weed.secret not in proc.stderr
