@@ -283,6 +283,17 @@ def test_a_mirror_on_s3_behind_a_rest_catalog(
     assert_equal(mirror, weed, *sources)
     # The tag outlives expiry.
     assert "before-maint" in orders.metadata.refs
+    # The DuckDB example reads the renamed table on S3 with the catalog's settings.
+    example = EXAMPLE.parent / "read_duckdb.py"
+    proc = subprocess.run(
+        [sys.executable, str(example), "--config", str(config), "public.orders"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"rows: {len(mirror.pg_rows('public.orders')[1])}" in proc.stdout
     assert_nothing_local(mirror.config.work_dir, Path.cwd())
 
 
