@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import os
 import pickle
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -95,3 +99,22 @@ def test_a_task_runs_under_its_settings_in_its_thread_only() -> None:
         assert storage.current() == installed
     finally:
         storage.install(before)
+
+
+def test_pyiceberg_own_variables_reach_our_file_writes(tmp_path: Path) -> None:
+    # pyiceberg reads PYICEBERG_CATALOG__<NAME>__… when it is imported: a fresh process.
+    script = (
+        "from sparkapply import storage\n"
+        "from sparkapply.sink.catalog import open_catalog\n"
+        f"open_catalog('lake', {{'type': 'sql', 'uri': 'sqlite:///{tmp_path}/c.db',\n"
+        f"    'warehouse': '{tmp_path}/wh', 's3.access-key-id': 'k'}})\n"
+        "print(dict(storage.current().properties))\n"
+    )
+    env = {**os.environ, "PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY": "from-pyiceberg"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert ast.literal_eval(out) == {
+        "s3.access-key-id": "k",
+        "s3.secret-access-key": "from-pyiceberg",
+    }
