@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -136,6 +137,27 @@ def _check_s3(props: Mapping[str, str]) -> None:
         )
 
 
+# How pyarrow's S3 client words a refusal of the credentials (AWS SDK error names).
+_REFUSED_RE = re.compile(
+    r"AWS Error (ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH|INVALID_ACCESS_KEY_ID"
+    r"|INVALID_CLIENT_TOKEN_ID|EXPIRED_TOKEN|UNRECOGNIZED_CLIENT)|HTTP status 403"
+)
+
+
+def refused(exc: BaseException) -> LocationError | None:
+    """An operator's error for ``exc`` if it is the object store refusing the
+    credentials (a forgotten or wrong secret), else None. pyarrow's message names the
+    bucket and key, never a secret."""
+    for seen in (exc, exc.__cause__, exc.__context__):
+        if isinstance(seen, OSError) and _REFUSED_RE.search(str(seen)):
+            return LocationError(
+                f"the object store refused the credentials: {seen}",
+                hint="check s3.access-key-id and s3.secret-access-key in [sink.catalog] "
+                "(README: Secrets from the environment)",
+            )
+    return None
+
+
 _PROCESS = Storage()
 _TASK: ContextVar[Storage | None] = ContextVar("sparkapply_storage", default=None)
 
@@ -188,5 +210,6 @@ __all__ = [
     "install",
     "is_object_store",
     "make_parent",
+    "refused",
     "using",
 ]

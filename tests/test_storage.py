@@ -118,3 +118,26 @@ def test_pyiceberg_own_variables_reach_our_file_writes(tmp_path: Path) -> None:
         "s3.access-key-id": "k",
         "s3.secret-access-key": "from-pyiceberg",
     }
+
+
+def test_a_refusal_of_the_credentials_is_an_operator_error() -> None:
+    # pyarrow's words for a wrong secret (SeaweedFS's answers, as pyarrow raised them).
+    wrong = OSError(
+        "When initiating multiple part upload for key 'x/y.parquet' in bucket 'b': AWS "
+        "Error SIGNATURE_DOES_NOT_MATCH during CreateMultipartUpload operation: The request "
+        "signature we calculated does not match the signature you provided."
+    )
+    denied = OSError(
+        "When reading information for key 'k' in bucket 'b': AWS Error "
+        "ACCESS_DENIED during HeadObject operation: No response body."
+    )
+    for exc in (wrong, denied):
+        error = storage.refused(exc)
+        assert error is not None and error.kind.value == "operator"
+        assert "refused the credentials" in str(error)
+    try:
+        raise RuntimeError("wrapped") from denied
+    except RuntimeError as wrapped:
+        assert storage.refused(wrapped) is not None
+    assert storage.refused(OSError("AWS Error NETWORK_CONNECTION during HeadObject")) is None
+    assert storage.refused(ValueError("AWS Error ACCESS_DENIED")) is None

@@ -49,7 +49,7 @@ from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import InternalError, SparkapplyError
 from sparkapply.lsn import format_lsn
 from sparkapply.plan.batch import Identity
-from sparkapply.storage import Storage, using
+from sparkapply.storage import Storage, refused, using
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,8 @@ def run_table_task(task: TableTask) -> TableResult:
     except SparkapplyError as exc:
         result.error = exc.with_context(table=task.table)
     except Exception as exc:  # an executor bug must still name the table and the LSNs
-        result.error = internal_error(exc, task.table, [t.commit_lsn for t in task.txns])
+        lsns = [t.commit_lsn for t in task.txns]
+        result.error = refused(exc) or internal_error(exc, task.table, lsns)
     finally:
         result.seconds = time.perf_counter() - started
     return result

@@ -236,7 +236,8 @@ def run_slice(task: SliceTask) -> SliceResult:
     except psycopg.Error as exc:
         result.error = _source_error(exc, task)
     except Exception as exc:  # an executor bug must still name the table
-        result.error = CopyError(f"{type(exc).__name__}: {exc}", table=task.table)
+        error = storage.refused(exc) or CopyError(f"{type(exc).__name__}: {exc}")
+        result.error = error.with_context(table=task.table)
     if result.error is not None and out is not None:
         out.abort()
         result.files = []

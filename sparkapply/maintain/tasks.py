@@ -27,7 +27,7 @@ from sparkapply.apply.write.locate import DeletedPositions, live_rows
 from sparkapply.apply.write.parquet import TableWriter, dictionary_columns, filesystem
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SparkapplyError
-from sparkapply.storage import Storage, make_parent, using
+from sparkapply.storage import Storage, make_parent, refused, using
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +91,7 @@ def _run_task(task: RewriteTask | MergeDeletesTask) -> TaskResult:
             _merge_deletes(task, result)
     except Exception as exc:
         _remove(result)
-        err = exc if isinstance(exc, SparkapplyError) else None
+        err = exc if isinstance(exc, SparkapplyError) else refused(exc)
         result.added, result.deletes = [], None
         result.error = err or SparkapplyError(
             f"compaction task failed: {type(exc).__name__}: {exc}",

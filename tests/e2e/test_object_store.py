@@ -361,3 +361,20 @@ def test_secrets_from_a_shell_never_show(lake: tuple[Mirror, Path], s3_env: Seaw
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "refused the credentials" in proc.stderr and weed.secret not in proc.stderr
+    # A wrong S3 secret: the object store refuses it, exit 2 too.
+    wrong = _shell_env(
+        {
+            "SPARKAPPLY_SINK__CATALOG__CREDENTIAL": weed.credential,
+            "SPARKAPPLY_SINK__CATALOG__S3__SECRET_ACCESS_KEY": "not-the-secret",
+        }
+    )
+    maintain = ["maintain", "--config", str(config), "--table", "public.orders", "--dry-run"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkapply", *maintain],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=wrong,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "object store refused the credentials" in proc.stderr
