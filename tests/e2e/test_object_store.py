@@ -28,6 +28,7 @@ from psycopg import sql
 
 from sparkapply.cli import main
 from sparkapply.config import Config, load_config
+from sparkapply.read import latest_cut
 from sparkapply.sink.read import read_table
 from sparkapply.storage import Storage
 from tests.conftest import PgServer
@@ -264,6 +265,9 @@ def test_a_mirror_on_s3_behind_a_rest_catalog(
         # Keyed by the publisher's names; the renamed table read at that snapshot.
         at_cut = read_table(orders, snapshot_id=cut["tables"]["public.orders"])
         assert 9000 in at_cut.column("id").to_pylist()
+        # As the README reads a cut: its Iceberg names follow the renames.
+        newest = latest_cut(mirror.catalog, cuts_table=mirror.config.sink.cuts_table)
+        assert newest.iceberg["public.orders"] == ".".join(orders.name())
         # verify asks the running subscriber for a cut and compares at it.
         assert main(["verify", "--config", str(config), "--timeout", "60"]) == 0
     finally:
