@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -154,22 +155,39 @@ def running_seaweedfs() -> Iterator[SeaweedFS]:
 
 
 def _wait_ready(server: SeaweedFS, proc: subprocess.Popen[bytes], log: Path) -> None:
-    """Until the catalog knows the warehouse and S3 answers (an unsigned request is
+    """Until the catalog lists the namespaces of the warehouse (the table bucket is
+    created a little after the catalog answers) and S3 answers (an unsigned request is
     refused, which is an answer)."""
     deadline = time.monotonic() + 90
-    config = f"{server.catalog_uri}/v1/config?warehouse={WAREHOUSE}"
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"weed mini exited {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(config, timeout=2) as response:
-                answered = b"prefix" in response.read()
-            with contextlib.suppress(urllib.error.HTTPError):
-                urllib.request.urlopen(server.s3_endpoint, timeout=2).close()
-            if answered:
+            if _catalog_ready(server):
+                with contextlib.suppress(urllib.error.HTTPError):
+                    urllib.request.urlopen(server.s3_endpoint, timeout=2).close()
                 return
         except OSError:
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"weed mini did not answer in 90 s:\n{log.read_text()[-3000:]}")
         time.sleep(0.3)
+
+
+def _catalog_ready(server: SeaweedFS) -> bool:
+    form = urllib.parse.urlencode(
+        {
+            "grant_type": "client_credentials",
+            "client_id": server.key_id,
+            "client_secret": server.secret,
+            "scope": "catalog",
+        }
+    ).encode()
+    with urllib.request.urlopen(f"{server.catalog_uri}/v1/oauth/tokens", form, timeout=2) as r:
+        token = json.loads(r.read())["access_token"]
+    listing = urllib.request.Request(
+        f"{server.catalog_uri}/v1/{WAREHOUSE}/namespaces",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(listing, timeout=2) as r:
+        return bool(r.status == 200)

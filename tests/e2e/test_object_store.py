@@ -250,7 +250,7 @@ def test_a_mirror_on_s3_behind_a_rest_catalog(
     capsys.readouterr()
     assert main(["status", "--config", str(config), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert status["commits"].startswith("table by table (REST")
+    assert status["commits"] == "atomic: one REST multi-table commit per batch"
 
     # A cut at a requested LSN, tagged, and verify, while a subscriber runs.
     running = Running(_subscriber(mirror))
