@@ -105,8 +105,9 @@ def commit_together(catalog: Catalog, staged: Sequence[StagedSnapshot]) -> None:
     batch planned) or :class:`CommitOutcomeUnknownError`. On success each table object
     holds its new metadata.
     """
-    if isinstance(catalog, RestCatalog) and staged and atomic_commits(catalog):
-        commit_rest(catalog, staged)
+    if isinstance(catalog, RestCatalog) and atomic_commits(catalog):
+        if staged:
+            commit_rest(catalog, staged)
         return
     if not isinstance(catalog, SqlCatalog) or not atomic_commits(catalog):
         raise SinkError(

@@ -29,10 +29,11 @@ from psycopg import sql
 from sparkapply.cli import main
 from sparkapply.config import Config, load_config
 from sparkapply.read import latest_cut
+from sparkapply.sink.progress import applied_lsn, lineage_lsn
 from sparkapply.sink.read import read_table
 from sparkapply.storage import Storage
 from tests.conftest import PgServer
-from tests.mirror import Mirror, Running, slot_for
+from tests.mirror import Mirror, Running, killed, slot_for
 from tests.readers import _extension
 from tests.seaweedfs import SeaweedFS
 
@@ -382,3 +383,46 @@ def test_secrets_from_a_shell_never_show(lake: tuple[Mirror, Path], s3_env: Seaw
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "object store refused the credentials" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        "before-catalog-swap",  # the batch's manifests written, the request not sent
+        "after-catalog-swap",  # the request answered, nothing acknowledged
+    ],
+)
+def test_kill_around_the_rest_commit(
+    lake: tuple[Mirror, Path], s3_env: SeaweedFS, failpoint: str
+) -> None:
+    mirror, config = lake
+    sources = [f"public.{t}" for t in TABLES]
+    mirror.sql(
+        "CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text)",
+        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)",
+        "CREATE PUBLICATION pub FOR TABLE orders, accounts",
+        "INSERT INTO accounts SELECT g, 100 FROM generate_series(1, 4) g",
+    )
+    mirror.run()
+    # Transactions touching both tables: a batch is all of them or none. The first
+    # batch commits (and records a cut) before the killed run.
+    for i in range(1, 7):
+        if i == 2:
+            mirror.run()
+        mirror.sql(
+            "BEGIN",
+            f"INSERT INTO orders VALUES ({i}, {i}.00, 'transfer')",
+            f"UPDATE accounts SET balance = balance - {i} WHERE id = 1",
+            f"UPDATE accounts SET balance = balance + {i} WHERE id = 2",
+            "COMMIT",
+        )
+    killed(failpoint, "run", "--config", str(config), "--until-caught-up")
+    # What is visible is a whole batch: each table as of the newest cut.
+    catalog = mirror.catalog
+    cut = latest_cut(catalog, cuts_table=mirror.config.sink.cuts_table)
+    for source in sources:
+        table = catalog.load_table(cut.iceberg[source])
+        assert lineage_lsn(table.metadata, cut.tables[source]) == applied_lsn(table), source
+    mirror.run()
+    assert_equal(mirror, s3_env, *sources)
