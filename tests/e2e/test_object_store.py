@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import tomllib
@@ -29,6 +30,7 @@ from psycopg import sql
 from sparkapply.cli import main
 from sparkapply.config import Config, load_config
 from sparkapply.read import latest_cut
+from sparkapply.sink.cuts import cuts_identifier, read_cuts
 from sparkapply.sink.progress import applied_lsn, lineage_lsn
 from sparkapply.sink.read import read_table
 from sparkapply.storage import Storage
@@ -66,7 +68,14 @@ def _dump(doc: Mapping[str, Any], prefix: str = "") -> str:
     return scalars + tables
 
 
-def example_config(path: Path, weed: SeaweedFS, dsn: str, namespace: str) -> Path:
+def example_config(
+    path: Path,
+    weed: SeaweedFS,
+    dsn: str,
+    namespace: str,
+    tables: tuple[str, ...] = TABLES,
+    **apply: int,
+) -> Path:
     """``examples/rest-s3.toml`` pointed at ``weed`` and the test database; its
     secrets (credential, S3 secret, the placeholders in the file) left to the
     environment."""
@@ -84,10 +93,10 @@ def example_config(path: Path, weed: SeaweedFS, dsn: str, namespace: str) -> Pat
         }
     )
     # The tests share one server: the tables go to a namespace of this test's own.
-    doc["sink"]["tables"] = {f"public.{t}": f"{namespace}.{t}" for t in TABLES}
+    doc["sink"]["tables"] = {f"public.{t}": f"{namespace}.{t}" for t in tables}
     doc["sink"]["cuts_table"] = f"{namespace}.cuts"
     doc["spark"]["master"] = "local[2]"
-    doc["apply"] = {"batch_linger": 0.1, "driver_fold_bytes": 0, "stage_bytes": 64 * 1024}
+    doc["apply"] = {"batch_linger": 0.1, "driver_fold_bytes": 0, "stage_bytes": 64 * 1024, **apply}
     doc["maintenance"] = {
         "enabled": False,  # run by the command below
         "max_data_files": 2,
@@ -426,3 +435,53 @@ def test_kill_around_the_rest_commit(
         assert lineage_lsn(table.metadata, cut.tables[source]) == applied_lsn(table), source
     mirror.run()
     assert_equal(mirror, s3_env, *sources)
+
+
+def test_every_cut_on_rest_is_one_consistent_database(
+    s3_env: SeaweedFS, mirror: Mirror, tmp_path: Path
+) -> None:
+    """Transfers between two tables, a batch of three at a time, each batch and its cut
+    in one request: at every cut the moves are a prefix and the total is kept."""
+    tables = ("acct_a", "acct_b", "moves")
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    path = example_config(
+        tmp_path / "c.toml", s3_env, mirror.dsn, namespace, tables, batch_max_transactions=3
+    )
+    mirror.config = load_config(path)
+    mirror.slot = mirror.config.source.slot
+    mirror.sql(
+        "CREATE TABLE acct_a (id int PRIMARY KEY, bal int)",
+        "CREATE TABLE acct_b (id int PRIMARY KEY, bal int)",
+        "CREATE TABLE moves (seq int PRIMARY KEY)",
+        "INSERT INTO acct_a SELECT g, 100 FROM generate_series(1, 10) g",
+        "INSERT INTO acct_b SELECT g, 100 FROM generate_series(1, 10) g",
+        "CREATE PUBLICATION pub FOR TABLE acct_a, acct_b, moves",
+    )
+    mirror.run()  # the copy
+    rng = random.Random(7)
+    seq = 0
+    for _ in range(3):
+        with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+            for _ in range(7):
+                seq += 1
+                amount, a, b = rng.randint(-50, 50), rng.randint(1, 10), rng.randint(1, 10)
+                with conn.transaction():
+                    conn.execute("UPDATE acct_a SET bal = bal - %s WHERE id = %s", (amount, a))
+                    conn.execute("UPDATE acct_b SET bal = bal + %s WHERE id = %s", (amount, b))
+                    conn.execute("INSERT INTO moves VALUES (%s)", (seq,))
+        mirror.run()
+    catalog = mirror.catalog
+    cuts = read_cuts(catalog.load_table(cuts_identifier(mirror.config.sink.cuts_table)))
+    assert len(cuts) >= 3 * 7 // 3, [str(c.lsn) for c in cuts]
+    for cut in cuts:
+        read = {
+            t: read_table(catalog.load_table(cut.iceberg[f"public.{t}"]), snapshot_id=snap)
+            for t, snap in ((t, cut.tables[f"public.{t}"]) for t in tables)
+        }
+        seqs = sorted(read["moves"].column("seq").to_pylist())
+        assert seqs == list(range(1, len(seqs) + 1)), (str(cut.lsn), seqs)
+        total = sum(read["acct_a"].column("bal").to_pylist()) + sum(
+            read["acct_b"].column("bal").to_pylist()
+        )
+        assert total == 2000, (str(cut.lsn), total)
+    assert_equal(mirror, s3_env, *(f"public.{t}" for t in tables))
