@@ -49,6 +49,8 @@ def rest_catalog(weed: SeaweedFS, uri: str | None = None) -> Catalog:
             "credential": weed.credential,
             "oauth2-server-uri": f"{uri}/v1/oauth/tokens",
             "s3.endpoint": weed.s3_endpoint,
+            # pyiceberg's own FileIO asks AWS for a bucket's region when none is given.
+            "s3.region": "us-east-1",
             "s3.access-key-id": weed.key_id,
             "s3.secret-access-key": weed.secret,
             "s3.force-virtual-addressing": "false",
