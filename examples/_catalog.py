@@ -18,11 +18,14 @@ def open_catalog(config_path: str) -> Catalog:
     return load_catalog(config.sink.catalog_name, **config.catalog_properties())
 
 
-def table_name(name: str) -> tuple[str, str]:
-    """``schema.table`` → the Iceberg identifier (namespace = the PostgreSQL schema)."""
+def table_name(name: str, config_path: str | None = None) -> tuple[str, str]:
+    """``schema.table`` → the Iceberg identifier: the config's ``[sink.tables]``
+    rename when it has one, else namespace = the PostgreSQL schema."""
     namespace, _, table = name.partition(".")
     if not table:
         raise SystemExit(f"name the table as schema.table, not {name!r}")
+    if config_path is not None:
+        return load_config(config_path).table_identifier(namespace, table)
     return namespace, table
 
 

@@ -21,7 +21,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=10, help="rows to print")
     args = p.parse_args()
 
-    table = open_catalog(args.config).load_table(table_name(args.table))
+    table = open_catalog(args.config).load_table(table_name(args.table, args.config))
     snapshot = table.current_snapshot()
     lsn = snapshot.summary.additional_properties.get("sparkapply.lsn") if snapshot else None
     arrow = table.scan().to_arrow()

@@ -35,7 +35,9 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=10, help="rows to print")
     args = p.parse_args()
 
-    arrow = open_catalog(args.config).load_table(table_name(args.table)).scan().to_arrow()
+    arrow = (
+        open_catalog(args.config).load_table(table_name(args.table, args.config)).scan().to_arrow()
+    )
     spark = (
         SparkSession.builder.master("local[1]")
         .appName("read-mirror")

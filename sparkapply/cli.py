@@ -18,6 +18,7 @@ from types import FrameType
 from sparkapply.cli_parser import UNHEALTHY, config_path, parser
 from sparkapply.config import Config, load_config
 from sparkapply.errors import ErrorKind, SparkapplyError
+from sparkapply.storage import refused
 
 log = logging.getLogger("sparkapply")
 
@@ -71,6 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SparkapplyError as exc:
         log.error("%s", exc)
         return 2 if exc.kind is ErrorKind.OPERATOR else 1
+    except OSError as exc:
+        # pyiceberg's own reads and writes on the object store (metadata, manifests).
+        if (error := refused(exc)) is None:
+            raise
+        log.error("%s", error)
+        return 2
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -3,9 +3,25 @@
 Precedence (later wins): defaults → the TOML file → environment variables → command
 line overrides. An environment variable names a key path with ``__`` between levels:
 ``SPARKAPPLY_SOURCE__DSN``, ``SPARKAPPLY_WORK_DIR``, ``SPARKAPPLY_SPARK__CONF__spark.ui.enabled``.
-Its value is read as a TOML value when it parses as one (``2``, ``true``,
-``["a", "b"]``) and as a plain string otherwise. Unknown keys and bad values raise
-:class:`~sparkapply.errors.ConfigError` naming the key.
+Unknown keys and bad values raise :class:`~sparkapply.errors.ConfigError` naming the key.
+
+NAMES A SHELL ACCEPTS
+    A POSIX shell's variable names hold letters, digits and ``_`` only, so a dotted
+    pyiceberg property cannot be written as it is. Two forms can, for every key:
+
+    - in ``[sink.catalog]``, a key in upper case is read as pyiceberg reads its own
+      ``PYICEBERG_CATALOG__<NAME>__<KEY>`` variables: lower-cased, ``__`` → ``.``,
+      ``_`` → ``-``: ``SPARKAPPLY_SINK__CATALOG__S3__SECRET_ACCESS_KEY`` sets
+      ``s3.secret-access-key`` (:func:`catalog_key`). A key with a lower-case letter is
+      used as written (``SPARKAPPLY_SINK__CATALOG__credential``, where a shell allows it);
+    - a variable naming a whole free-form table (``SPARKAPPLY_SINK__CATALOG``,
+      ``SPARKAPPLY_SPARK__CONF``, ``SPARKAPPLY_SINK__TABLES``) holds a JSON object of
+      its keys, spelled as in the file.
+
+VALUES
+    A value from the environment is a string, as written, unless the key is typed in
+    the schema below as something else: then it is read as a TOML value (``2``,
+    ``true``, ``["a", "b"]``). So a secret ``1e5`` or ``0x1F`` stays that string.
 
 ``{work_dir}`` in any ``[sink.catalog]`` value is replaced by the absolute work dir, so
 the shipped ``configs/local.toml`` keeps its catalog and warehouse beside the spool;
@@ -15,6 +31,7 @@ used as it is in a path or ``file:`` location (:func:`sparkapply.location.expand
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -155,12 +172,19 @@ class Config:
         """``[sink.catalog]`` with ``{work_dir}`` expanded. A SQL catalog given no
         warehouse gets ``work_dir/warehouse``: pyiceberg's would create no table."""
         props = {k: expand_work_dir(v, self.work_dir) for k, v in self.sink.catalog.items()}
-        sql_catalog = props.get("type", "").lower() == "sql" or (
-            "type" not in props and props.get("uri", "").startswith(("sqlite", "postgresql"))
-        )
-        if sql_catalog and not props.get("warehouse"):
+        if is_sql_catalog(props) and not props.get("warehouse"):
             props["warehouse"] = from_path(self.work_dir / "warehouse")
         return props
+
+
+def is_sql_catalog(props: Mapping[str, str]) -> bool:
+    """A pyiceberg SQL catalog (``type = "sql"``, or no type and a SQLAlchemy uri): the
+    one kind whose ``warehouse`` is a location sparkapply may make. Others (REST, Glue,
+    Hive…) get theirs as written: a REST warehouse is a name the server resolves."""
+    kind = props.get("type", "").lower()
+    if kind in ("sql", "in-memory"):
+        return True
+    return not kind and props.get("uri", "").startswith(("sqlite", "postgresql"))
 
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -215,28 +239,80 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 
-def _parse_env_value(raw: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+# The free-form tables: their keys are anyone's (pyiceberg's, Spark's), their values strings.
+_FREE_FORM = {("sink", "catalog"), ("sink", "tables"), ("spark", "conf")}
+
+
+def catalog_key(name: str) -> str:
+    """A ``[sink.catalog]`` key as an environment variable spells it: one in upper case
+    is read as pyiceberg reads ``PYICEBERG_CATALOG__…`` (``S3__SECRET_ACCESS_KEY`` →
+    ``s3.secret-access-key``); any other is used as written."""
+    if name != name.upper():
+        return name
+    return name.lower().replace("__", ".").replace("_", "-")
+
+
+def _parse_env_value(path: list[str], raw: str) -> Any:
+    """A string, unless the schema types the key as something else (see VALUES)."""
+    section, key = (path[0], path[1]) if len(path) == 2 else ("", path[0])
+    expected = _SCHEMA.get(section, {}).get(key) if len(path) <= 2 else None
+    if expected is None or expected is str or expected is dict:
         return raw
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # the type check names the key
+    types = expected if isinstance(expected, tuple) else (expected,)
+    # A key that may be a string keeps the string when TOML reads another type.
+    return raw if str in types and not isinstance(value, types) else value
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, raw in env.items():
+    # A whole table's JSON first: a variable naming one of its keys wins over it.
+    for name, raw in sorted(env.items(), key=lambda item: item[0].count("__")):
         if not name.startswith(ENV_PREFIX) or name in NOT_KEYS:
             continue
         if name.startswith(ENV_PREFIX + "TEST_"):
             continue
-        path = name[len(ENV_PREFIX) :].split("__")
+        parts = name[len(ENV_PREFIX) :].split("__")
         # Section and key names are lower case; keys inside free-form tables keep case.
-        path = [p.lower() for p in path[:2]] + path[2:]
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = _parse_env_value(raw)
+        head = [p.lower() for p in parts[:2]]
+        if tuple(head) in _FREE_FORM and len(parts) > 2:
+            _set(out, [*head, _free_key(head, "__".join(parts[2:]))], raw)
+        elif tuple(head) in _FREE_FORM:
+            for key, value in _json_table(name, raw).items():
+                _set(out, [*head, key], value)
+        else:
+            path = head + parts[2:]
+            _set(out, path, _parse_env_value(path, raw))
     return out
+
+
+def _free_key(table: list[str], key: str) -> str:
+    return catalog_key(key) if table == ["sink", "catalog"] else key
+
+
+def _json_table(name: str, raw: str) -> dict[str, str]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        # The value may be a secret: not quoted.
+        raise ConfigError(
+            f"environment variable {name} must hold a JSON object of keys and values",
+            key=name,
+            hint=f'e.g. {name}=\'{{"s3.secret-access-key": "..."}}\'',
+        )
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
+
+
+def _set(out: dict[str, Any], path: list[str], value: Any) -> None:
+    node = out
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

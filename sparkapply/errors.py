@@ -202,6 +202,12 @@ class SinkError(SparkapplyError):
     """The Iceberg catalog or table refused a write."""
 
 
+class CredentialError(SinkError):
+    """The catalog refused the credentials it was given (missing, wrong or expired)."""
+
+    kind = ErrorKind.OPERATOR
+
+
 class CommitConflictError(SinkError):
     """The commit did not land because the table changed under it; re-plan the batch."""
 

@@ -14,9 +14,10 @@ strings: a file is spelled identically everywhere because every spelling comes f
 :func:`from_path` / :func:`join` here.
 
 A *URI* in the RFC 3986 sense is needed only where a parser decodes percent-escapes:
-pyarrow's ``FileSystem.from_uri`` (which rejects ``[``, a space or ``ö`` outright) and
 SQLAlchemy URLs (``sqlite:///…``, whose database part is unescaped). Those are built
-by :func:`escape_path` at exactly that boundary, so nothing is escaped twice.
+by :func:`escape_path` at exactly that boundary, so nothing is escaped twice. File
+systems are opened from the stored spelling by :mod:`sparkapply.storage`, which splits
+an object-store location as pyiceberg does (``bucket/key``, unescaped).
 
 WHAT CANNOT WORK
 
@@ -33,8 +34,6 @@ import hashlib
 import os
 import re
 from urllib.parse import quote
-
-import pyarrow.fs as pafs
 
 from sparkapply.errors import LocationError
 
@@ -135,32 +134,6 @@ def path_segment(name: str) -> str:
 def escape_path(path: str) -> str:
     """``path`` percent-escaped for a URI whose parser unescapes it (pyarrow, SQLAlchemy)."""
     return quote(path, safe="/")
-
-
-def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow file system holding ``location`` and the path to hand to it.
-
-    Local locations never go through a URI parser: their path is used as stored.
-    Others are escaped once and parsed by ``pyarrow.fs.FileSystem.from_uri``.
-    """
-    path = local_path(location)
-    if path is not None:
-        return pafs.LocalFileSystem(), path
-    s = scheme(location)
-    rest = location[len(s) + 1 :]
-    if rest.startswith("//"):
-        host, sep, key = rest[2:].partition("/")
-        uri = f"{s}://{host}{sep}{escape_path(key)}"
-    else:
-        uri = f"{s}:{escape_path(rest)}"
-    try:
-        fs, fs_path = pafs.FileSystem.from_uri(uri)
-    except Exception as exc:  # pyarrow raises ArrowInvalid or OSError per scheme
-        raise LocationError(
-            f"cannot open the file system of {location}: {type(exc).__name__}: {exc}",
-            hint="check the warehouse location and the object store's settings",
-        ) from exc
-    return fs, fs_path
 
 
 def expand_work_dir(value: str, work_dir: str | os.PathLike[str]) -> str:

@@ -21,6 +21,7 @@ import pytest
 from psycopg import sql
 
 from sparkapply.embedded import EmbeddedPostgres
+from tests.seaweedfs import SeaweedFS, running_seaweedfs
 
 TEST_SETTINGS = {
     "logical_decoding_work_mem": "64kB",
@@ -137,6 +138,13 @@ def pg_dsn(pg_server: PgServer) -> Iterator[str]:
         yield pg_server.dsn(name)
     finally:
         pg_server.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def seaweedfs() -> Iterator[SeaweedFS]:
+    """One SeaweedFS (S3 and an Iceberg REST catalog) per test run, on loopback."""
+    with running_seaweedfs() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,56 @@ def test_env_list_value_and_free_form_key(tmp_path: Path) -> None:
     assert cfg.spark.conf["spark.sql.x"] == "1"
 
 
+def test_env_names_a_shell_accepts_for_dotted_catalog_keys(tmp_path: Path) -> None:
+    # Every name here is a valid POSIX shell identifier but the old, as-written form.
+    env = {
+        "SPARKAPPLY_SINK__CATALOG__S3__SECRET_ACCESS_KEY": "1e5",
+        "SPARKAPPLY_SINK__CATALOG__S3__ACCESS_KEY_ID": "0x1F",
+        "SPARKAPPLY_SINK__CATALOG__PY_IO_IMPL": "pyiceberg.io.pyarrow.PyArrowFileIO",
+        "SPARKAPPLY_SINK__CATALOG__credential": "id:secret",
+        "SPARKAPPLY_SINK__CATALOG__s3.region": "eu-west-3",
+    }
+    catalog = load_config(write(tmp_path, BASE), env=env).sink.catalog
+    assert dict(catalog) == {
+        "s3.secret-access-key": "1e5",  # a string as written: not the float 100000.0
+        "s3.access-key-id": "0x1F",  # not 31
+        "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
+        "credential": "id:secret",
+        "s3.region": "eu-west-3",
+    }
+
+
+def test_env_json_table_for_any_key_and_a_key_variable_wins(tmp_path: Path) -> None:
+    env = {
+        "SPARKAPPLY_SPARK__CONF": '{"spark.executor.extraJavaOptions": "-Xss4m", "n": 2}',
+        "SPARKAPPLY_SINK__CATALOG": '{"s3.secret-access-key": "from-json", "uri": "u"}',
+        "SPARKAPPLY_SINK__CATALOG__S3__SECRET_ACCESS_KEY": "from-key",
+    }
+    cfg = load_config(write(tmp_path, BASE), env=env)
+    assert dict(cfg.spark.conf) == {"spark.executor.extraJavaOptions": "-Xss4m", "n": "2"}
+    assert dict(cfg.sink.catalog) == {"s3.secret-access-key": "from-key", "uri": "u"}
+    with pytest.raises(ConfigError, match="SPARKAPPLY_SINK__CATALOG must hold a JSON") as caught:
+        load_config(write(tmp_path, BASE), env={"SPARKAPPLY_SINK__CATALOG": "hunter2"})
+    assert "hunter2" not in str(caught.value)
+
+
+def test_env_values_are_strings_unless_the_key_is_typed(tmp_path: Path) -> None:
+    env = {
+        "SPARKAPPLY_SOURCE__DSN": "host=x password=1e5",
+        "SPARKAPPLY_SOURCE__SLOT": "1e5",
+        "SPARKAPPLY_SOURCE__PUBLICATION": "true",  # str or list: a name
+        "SPARKAPPLY_SOURCE__CREATE_SLOT": "false",
+        "SPARKAPPLY_APPLY__BATCH_MAX_BYTES": "1024",
+        "SPARKAPPLY_WORK_DIR": "1e5",
+    }
+    cfg = load_config(write(tmp_path, BASE), env=env)
+    assert cfg.source.slot == "1e5" and cfg.source.publication == ("true",)
+    assert cfg.source.create_slot is False and cfg.apply.batch_max_bytes == 1024
+    assert cfg.work_dir.name == "1e5"
+    with pytest.raises(ConfigError, match=r"apply\.batch_max_bytes"):
+        load_config(write(tmp_path, BASE), env={"SPARKAPPLY_APPLY__BATCH_MAX_BYTES": "lots"})
+
+
 @pytest.mark.parametrize(
     ("text", "key"),
     [

@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
             "lsn",
             "failpoints",
             "location",
+            "storage",
             "config",
             "collector",
             "frozen",

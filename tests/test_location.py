@@ -1,12 +1,9 @@
-"""location.py: one spelling of locations, escaped once at the pyarrow/SQLAlchemy boundary."""
+"""location.py: one spelling of locations, escaped once at the SQLAlchemy boundary."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import pytest
 from sqlalchemy.engine import make_url
 
@@ -83,31 +80,6 @@ def test_path_segment() -> None:
         assert seg not in ("", ".", "..")
         assert not any(c in seg for c in "/\\#?%\n"), seg
     assert location.path_segment("x#y") != location.path_segment("x?y")
-
-
-def test_filesystem_of_a_local_location_is_not_parsed_as_a_uri(tmp_path: Path) -> None:
-    weird = tmp_path / WEIRD
-    weird.mkdir()
-    table = pa.table({"a": [1, 2]})
-    for loc in (location.from_path(weird / "f.parquet"), str(weird / "g.parquet")):
-        fs, path = location.filesystem(loc)
-        assert isinstance(fs, pafs.LocalFileSystem)
-        pq.write_table(table, path, filesystem=fs)
-    assert sorted(p.name for p in weird.iterdir()) == ["f.parquet", "g.parquet"]
-    assert pq.read_table(str(weird / "f.parquet")).equals(table)
-
-
-def test_filesystem_of_another_scheme_is_escaped_once() -> None:
-    # pyarrow's mock file system returns the URI's path, unescaped, without its "/";
-    # "%41" stays "%41": escaped once, unescaped once.
-    fs, path = location.filesystem("mock:///a b/[0]/wörk%41")
-    assert type(fs).__name__ == "_MockFileSystem"
-    assert path == "a b/[0]/wörk%41"
-
-
-def test_filesystem_error_is_a_location_error() -> None:
-    with pytest.raises(LocationError, match="nosuchscheme"):
-        location.filesystem("nosuchscheme://x/y")
 
 
 def test_escape_path_round_trips_through_sqlalchemy(tmp_path: Path) -> None:

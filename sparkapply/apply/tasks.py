@@ -49,6 +49,7 @@ from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import InternalError, SparkapplyError
 from sparkapply.lsn import format_lsn
 from sparkapply.plan.batch import Identity
+from sparkapply.storage import Storage, refused, using
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,8 @@ class TableTask:
     # Pieces staged by key while the (one) transaction arrived; ``txns`` holds the
     # rest of its spool (fold/staged.py).
     staged: tuple[PieceFiles, ...] = ()
+    # The object store's settings, keys included: pickled with the task, never logged.
+    storage: Storage = field(kw_only=True)
 
     @property
     def keyed(self) -> bool:
@@ -113,12 +116,14 @@ def run_table_task(task: TableTask) -> TableResult:
     result = TableResult(task.table, partition=task.partition[0])
     started = time.perf_counter()
     try:
-        with collector.paused():  # the fold: many short-lived objects, no cycles
+        # The fold: many short-lived objects, no cycles.
+        with collector.paused(), using(task.storage):
             _run(task, result)
     except SparkapplyError as exc:
         result.error = exc.with_context(table=task.table)
     except Exception as exc:  # an executor bug must still name the table and the LSNs
-        result.error = internal_error(exc, task.table, [t.commit_lsn for t in task.txns])
+        lsns = [t.commit_lsn for t in task.txns]
+        result.error = refused(exc) or internal_error(exc, task.table, lsns)
     finally:
         result.seconds = time.perf_counter() - started
     return result

@@ -20,6 +20,7 @@ from sparkapply.apply.tasks import TableTask, run_table_task
 from sparkapply.changes.spool import SpoolSegment, SpoolWriter
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
+from sparkapply.storage import Storage
 
 _REL = m.Relation(
     None,
@@ -66,5 +67,6 @@ def warm_up() -> None:
                     proto_version=4,
                     streaming="parallel",
                     insert_only=insert_only,
+                    storage=Storage(),  # a local directory
                 )
             )

@@ -18,12 +18,13 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from sparkapply import location
+from sparkapply import location, storage
 from sparkapply.config import Config
 from sparkapply.errors import SparkapplyError
 from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.progress import LSN_TABLE_PROPERTY
 from sparkapply.source.preflight import Finding, from_error, publisher_findings
+from sparkapply.storage import Storage
 
 
 def run_checks(config: Config) -> list[Finding]:
@@ -62,21 +63,25 @@ def _work_dir(work: Path) -> Finding:
     return Finding("work_dir", "pass", f"{work} writable, {free / 2**30:.1f} GiB free")
 
 
-def _warehouse_location(config: Config, catalog: Catalog) -> str | None:
-    """Where data files go: a mirrored table's data path, else the catalog's
-    warehouse when it is a location (a REST catalog's may be a name)."""
+def _warehouse_location(config: Config, catalog: Catalog) -> tuple[str, Storage] | None:
+    """Where data files go, and the storage settings the tasks write there with: a
+    mirrored table's data path and its io properties, else the catalog's warehouse
+    when it is a location (a REST catalog's may be a name)."""
     for namespace in catalog.list_namespaces():
         for ident in catalog.list_tables(namespace):
             table = catalog.load_table(ident)
             if LSN_TABLE_PROPERTY in table.properties:
-                return table.location_provider().data_path
+                settings = {**catalog.properties, **table.io.properties}
+                return table.location_provider().data_path, Storage.of(settings)
     warehouse = config.catalog_properties().get("warehouse", "")
-    return warehouse if location.scheme(warehouse) else None
+    if not location.scheme(warehouse):
+        return None
+    return warehouse, Storage.of(catalog.properties)
 
 
 def _warehouse(config: Config, catalog: Catalog) -> Finding:
-    where = _warehouse_location(config, catalog)
-    if where is None:
+    found = _warehouse_location(config, catalog)
+    if found is None:
         return Finding(
             "warehouse",
             "note",
@@ -87,8 +92,10 @@ def _warehouse(config: Config, catalog: Catalog) -> Finding:
 
     s = config.spark
     spark: Any = get_session(s.master, s.app_name, s.conf)
+    where, settings = found
     target = location.join(where, f".sparkapply-check-{uuid.uuid4().hex}")
-    errors = spark.sparkContext.parallelize([target], 1).map(probe_file).collect()
+    probe = spark.sparkContext.parallelize([(target, settings)], 1)
+    errors = probe.map(probe_file).collect()
     if errors[0] is None:
         detail = f"a Spark task wrote, read and deleted a file in {where}"
         return Finding("warehouse", "pass", detail)
@@ -101,18 +108,20 @@ def _warehouse(config: Config, catalog: Catalog) -> Finding:
     )
 
 
-def probe_file(target: str) -> str | None:
-    """On an executor: write ``target``, read it back, delete it; None, or what failed."""
+def probe_file(job: tuple[str, Storage]) -> str | None:
+    """On an executor: write the target under the storage settings the job carries,
+    read it back, delete it; None, or what failed."""
+    target, settings = job
     payload = b"sparkapply check " + target.encode()
     try:
-        fs, path = location.filesystem(target)
-        if location.local_path(target) is not None:
-            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with fs.open_output_stream(path) as out:
-            out.write(payload)
-        with fs.open_input_stream(path) as back:
-            same = back.read() == payload
-        fs.delete_file(path)
+        with storage.using(settings):
+            fs, path = storage.filesystem(target)
+            storage.make_parent(fs, path.rsplit("/", 1)[0])
+            with fs.open_output_stream(path) as out:
+                out.write(payload)
+            with fs.open_input_stream(path) as back:
+                same = back.read() == payload
+            fs.delete_file(path)
     except Exception as exc:  # any file system's failure is the answer
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None if same else "the file read back differs from what was written"

@@ -19,6 +19,7 @@ from sparkapply.copy.tasks import SliceResult, SliceTask, run_slice
 from sparkapply.datafiles import arrow_schema_of, data_directory
 from sparkapply.errors import CopyError
 from sparkapply.source.connection import session_conninfo
+from sparkapply.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class SliceJob:
                         schema=schema,
                         data_dir=data_dir,
                         estimated_bytes=per_slice,
+                        storage=Storage.of(p.table.io.properties),
                     )
                 )
         tasks.sort(key=lambda t: -t.estimated_bytes)

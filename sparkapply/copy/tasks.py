@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from sparkapply import location
+from sparkapply import location, storage
 from sparkapply.apply.write.columns import convert_column, fit_table
 from sparkapply.apply.write.parquet import dictionary_columns
 from sparkapply.convert.types import PgColumnType
@@ -48,6 +48,7 @@ from sparkapply.errors import (
     SparkapplyError,
     TableMovedError,
 )
+from sparkapply.storage import Storage
 
 _COPY_OUT = psycopg.pq.ExecStatus.COPY_OUT
 _COMMAND_OK = psycopg.pq.ExecStatus.COMMAND_OK
@@ -89,6 +90,8 @@ class SliceTask:
     data_dir: str
     estimated_bytes: int = 0  # for ordering: biggest slices first
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    # The object store's settings, keys included: pickled with the task, never logged.
+    storage: Storage = field(kw_only=True)
 
 
 @dataclass(slots=True)
@@ -180,10 +183,10 @@ class _DataFile:
     def __init__(self, data_dir: str, schema: pa.Schema) -> None:
         self.schema = schema
         # The file's location is spelled by joining (as the manifest will hold it); the
-        # file system and its path come from that spelling (location.py).
+        # file system and its path come from that spelling (storage.py).
         self.uri = location.join(data_dir, f"sparkapply-copy-{uuid.uuid4().hex}.parquet")
-        self.fs, self.path = location.filesystem(self.uri)
-        self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
+        self.fs, self.path = storage.filesystem(self.uri)
+        storage.make_parent(self.fs, self.path.rsplit("/", 1)[0])
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, table: pa.Table) -> None:
@@ -221,18 +224,20 @@ def run_slice(task: SliceTask) -> SliceResult:
     started = time.monotonic()
     out: _DataFile | None = None
     try:
-        out = _DataFile(task.data_dir, task.schema)
-        with psycopg.connect(task.conninfo, autocommit=True) as conn:
-            begin_at_snapshot(conn, task.snapshot)
-            _copy_out(conn, task, out, result)
-            conn.execute("COMMIT")
-        result.files = out.close()
+        with storage.using(task.storage):
+            out = _DataFile(task.data_dir, task.schema)
+            with psycopg.connect(task.conninfo, autocommit=True) as conn:
+                begin_at_snapshot(conn, task.snapshot)
+                _copy_out(conn, task, out, result)
+                conn.execute("COMMIT")
+            result.files = out.close()
     except SparkapplyError as exc:
         result.error = exc.with_context(table=task.table)
     except psycopg.Error as exc:
         result.error = _source_error(exc, task)
     except Exception as exc:  # an executor bug must still name the table
-        result.error = CopyError(f"{type(exc).__name__}: {exc}", table=task.table)
+        error = storage.refused(exc) or CopyError(f"{type(exc).__name__}: {exc}")
+        result.error = error.with_context(table=task.table)
     if result.error is not None and out is not None:
         out.abort()
         result.files = []

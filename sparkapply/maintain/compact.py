@@ -53,6 +53,7 @@ from sparkapply.maintain.tasks import MergeDeletesTask, RewriteTask, TaskResult,
 from sparkapply.sink.files import remove_orphans
 from sparkapply.sink.rewrite import commit_rewrite
 from sparkapply.sink.tables import table_name
+from sparkapply.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -152,12 +153,18 @@ def _tasks(
     name = table_name(table)
     schema = arrow_schema_of(table)
     data_dir = data_directory(table)
+    storage = Storage.of(table.io.properties)
     tasks: list[RewriteTask | MergeDeletesTask] = [
-        RewriteTask(name, group, plan.delete_files, schema, data_dir, target_file_size)
+        RewriteTask(
+            name, group, plan.delete_files, schema, data_dir, target_file_size, storage=storage
+        )
         for group in plan.groups
     ]
     if plan.merge_deletes:
-        tasks.append(MergeDeletesTask(name, plan.merge_deletes, plan.keep_paths, schema, data_dir))
+        merge = plan.merge_deletes
+        tasks.append(
+            MergeDeletesTask(name, merge, plan.keep_paths, schema, data_dir, storage=storage)
+        )
     return tasks
 
 

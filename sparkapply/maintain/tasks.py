@@ -27,6 +27,7 @@ from sparkapply.apply.write.locate import DeletedPositions, live_rows
 from sparkapply.apply.write.parquet import TableWriter, dictionary_columns, filesystem
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo
 from sparkapply.errors import SparkapplyError
+from sparkapply.storage import Storage, make_parent, refused, using
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,8 @@ class RewriteTask:
     schema: pa.Schema
     data_dir: str
     target_file_size: int
+    # The object store's settings, keys included: pickled with the task, never logged.
+    storage: Storage = field(kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,8 @@ class MergeDeletesTask:
     keep_paths: frozenset[str]  # the data files whose positions the merged file keeps
     schema: pa.Schema
     data_dir: str
+    # The object store's settings, keys included: pickled with the task, never logged.
+    storage: Storage = field(kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,11 @@ class TaskResult:
 
 def run_task(task: RewriteTask | MergeDeletesTask) -> TaskResult:
     """Run one task; never raises (the error is in the result)."""
+    with using(task.storage):
+        return _run_task(task)
+
+
+def _run_task(task: RewriteTask | MergeDeletesTask) -> TaskResult:
     result = TaskResult(task.table)
     try:
         if isinstance(task, RewriteTask):
@@ -81,7 +91,7 @@ def run_task(task: RewriteTask | MergeDeletesTask) -> TaskResult:
             _merge_deletes(task, result)
     except Exception as exc:
         _remove(result)
-        err = exc if isinstance(exc, SparkapplyError) else None
+        err = exc if isinstance(exc, SparkapplyError) else refused(exc)
         result.added, result.deletes = [], None
         result.error = err or SparkapplyError(
             f"compaction task failed: {type(exc).__name__}: {exc}",
@@ -123,7 +133,7 @@ class _RollingWriter:
         self.target = target
         self.result = result
         self.fs, self.dir_path = filesystem(self.data_dir)
-        self.fs.create_dir(self.dir_path, recursive=True)
+        make_parent(self.fs, self.dir_path)
         self._writer: pq.ParquetWriter | None = None
         self._estimate = 0.0
         self._rows = 0  # in the open file

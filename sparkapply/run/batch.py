@@ -59,6 +59,7 @@ from sparkapply.sink import contract
 from sparkapply.sink.cuts import CutLog
 from sparkapply.sink.locks import TableLocks
 from sparkapply.sink.maintenance import doomed_snapshots
+from sparkapply.storage import Storage
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -402,6 +403,7 @@ class Applier:
             streaming=self.streaming,
             insert_only=tp.insert_only,
             staged=staged,
+            storage=Storage.of(table.io.properties),
         )
 
     def _commit(

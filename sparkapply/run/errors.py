@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from sparkapply.errors import ErrorKind, InternalError, SparkapplyError, SparkJobError
+from sparkapply.errors import (
+    ErrorKind,
+    InternalError,
+    LocationError,
+    SparkapplyError,
+    SparkJobError,
+)
 from sparkapply.plan.scheduler import Batch
 from sparkapply.run.batch import BatchStats
 
@@ -48,7 +54,8 @@ def _locate(exc: SparkapplyError, batch: Batch) -> SparkapplyError:
         return exc
     exc.with_context(xid=found.xid, lsn=found.commit_lsn)
     exc.context["lsn"] = found.commit_lsn  # the commit LSN, which `skip` takes
-    if exc.kind is not ErrorKind.TRANSIENT and not isinstance(exc, InternalError):
+    # Skipping cannot help a bug, nor storage the operator must fix.
+    if exc.kind is not ErrorKind.TRANSIENT and not isinstance(exc, InternalError | LocationError):
         skip = (
             f"to drop this one transaction instead: sparkapply skip --config <file> "
             f"--lsn {found.commit_lsn}"

@@ -26,7 +26,9 @@ copy of the whole metadata pyiceberg closes with: a table's metadata holds every
 snapshot it keeps (a hundred and more in a steady stream, each with its summary), and
 copying them was a fifteenth of a small batch's time on the apply thread.
 
-Other catalogs (REST, Glue, Hive, ...) commit table by table (``commit.commit_staged``);
+A REST catalog whose server takes the specification's multi-table commit gets the
+batch in one request (``rest_commit.py``). Other catalogs (Glue, Hive, a REST server
+without it, ...) commit table by table (``commit.commit_staged``);
 the per-table applied LSN makes a restart after a crash between two of them exact for
 each table (``progress.py``), but readers may see the tables at different LSNs for a
 moment. :func:`atomic_commits` says which applies; the run logs it at start.
@@ -40,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
@@ -60,6 +63,8 @@ from sparkapply.failpoints import failpoint
 from sparkapply.sink.commit import StagedSnapshot, resolve_unclear_outcome
 from sparkapply.sink.files import delete_paths
 from sparkapply.sink.metadata_json import METADATA_JSON
+from sparkapply.sink.rest_commit import ENDPOINT as REST_ENDPOINT
+from sparkapply.sink.rest_commit import commit_rest, multi_table_commit
 from sparkapply.sink.tables import table_name
 
 logger = logging.getLogger(__name__)
@@ -67,11 +72,20 @@ logger = logging.getLogger(__name__)
 
 def atomic_commits(catalog: Catalog) -> bool:
     """Whether :func:`commit_together` can commit several tables in one transaction."""
+    if isinstance(catalog, RestCatalog):
+        return multi_table_commit(catalog)
     return isinstance(catalog, SqlCatalog) and bool(catalog.engine.dialect.supports_sane_rowcount)
 
 
 def commit_mode(catalog: Catalog) -> str:
     """How a batch commits, for the log and ``status``."""
+    if isinstance(catalog, RestCatalog):
+        if atomic_commits(catalog):
+            return "atomic: one REST multi-table commit per batch"
+        return (
+            "table by table (the REST catalog does not take the multi-table commit, "
+            f"{REST_ENDPOINT})"
+        )
     if atomic_commits(catalog):
         return "atomic: one catalog transaction per batch"
     return f"table by table ({type(catalog).__name__} has no multi-table commit)"
@@ -91,6 +105,10 @@ def commit_together(catalog: Catalog, staged: Sequence[StagedSnapshot]) -> None:
     batch planned) or :class:`CommitOutcomeUnknownError`. On success each table object
     holds its new metadata.
     """
+    if isinstance(catalog, RestCatalog) and atomic_commits(catalog):
+        if staged:
+            commit_rest(catalog, staged)
+        return
     if not isinstance(catalog, SqlCatalog) or not atomic_commits(catalog):
         raise SinkError(
             f"{type(catalog).__name__} cannot commit several tables in one transaction",

@@ -16,11 +16,14 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import ForbiddenError, OAuthError, UnauthorizedError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from sparkapply import location
-from sparkapply.errors import SinkError
+from sparkapply.config import is_sql_catalog
+from sparkapply.errors import CredentialError, SinkError
+from sparkapply.storage import Storage, install
 
 logger = logging.getLogger(__name__)
 
@@ -41,21 +44,26 @@ _USERINFO_RE = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*):(?P<pw
 def open_catalog(name: str, properties: Mapping[str, str]) -> Catalog:
     """Load the catalog ``name`` (pyiceberg ``load_catalog``) from ``properties``.
 
-    For a SQLite catalog the database file's directory is created; a warehouse that
+    For a SQL catalog, the SQLite file's directory is created, and a warehouse that
     is a local path (plain or ``file:``) is created and passed on as an absolute
     ``file://`` location (spelled as :mod:`sparkapply.location` says), so table
-    locations are absolute and every engine can read them.
-    Any failure is a :class:`SinkError` naming the catalog, with secrets masked.
+    locations are absolute and every engine can read them. Other catalogs get their
+    properties as written (a REST ``warehouse`` is a name the server resolves).
+    The catalog's storage settings become this process's (:mod:`sparkapply.storage`).
+    Any failure is a :class:`SinkError` naming the catalog, with secrets masked; a
+    refused credential is a :class:`CredentialError` (an operator must fix it).
     """
     props = dict(properties)
     try:
-        _prepare_local_paths(props)
+        if is_sql_catalog(props):
+            _prepare_local_paths(props)
         catalog = load_catalog(name, **props)
     except SinkError as exc:  # already says what to fix, and holds no secret
         raise exc.with_context(catalog=name) from exc.__cause__
     except Exception as exc:  # a catalog can fail in any of its client libraries
         _raise_open_error(name, props, exc)
     logger.info("opened Iceberg catalog %s %s", name, mask_properties(props))
+    install(Storage.of(catalog.properties))
     return catalog
 
 
@@ -116,15 +124,25 @@ def _raise_open_error(name: str, props: Mapping[str, str], exc: Exception) -> No
     secrets = _secret_values(props)
     detail = f"{type(exc).__name__}: {exc}"
     scrubbed = _scrub(detail, secrets)
-    error = SinkError(
-        f"cannot open Iceberg catalog {name!r}: {scrubbed}",
-        hint=(
-            "check the catalog properties in [sink.catalog] (type, uri, warehouse) and "
-            "[sink] catalog_name, and that the catalog is reachable; "
-            f"properties used: {mask_properties(props)}"
-        ),
-        catalog=name,
-    )
+    error: SinkError
+    if isinstance(exc, OAuthError | UnauthorizedError | ForbiddenError):
+        error = CredentialError(
+            f"Iceberg catalog {name!r} refused the credentials: {scrubbed}",
+            hint="check [sink.catalog]'s credential or token (passed from the environment: "
+            "README, Secrets from the environment); "
+            f"properties used: {mask_properties(props)}",
+            catalog=name,
+        )
+    else:
+        error = SinkError(
+            f"cannot open Iceberg catalog {name!r}: {scrubbed}",
+            hint=(
+                "check the catalog properties in [sink.catalog] (type, uri, warehouse) and "
+                "[sink] catalog_name, and that the catalog is reachable; "
+                f"properties used: {mask_properties(props)}"
+            ),
+            catalog=name,
+        )
     if _leaks(exc, secrets):
         # Keep the secret out of tracebacks too: do not chain the original error.
         raise error from None

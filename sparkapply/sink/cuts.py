@@ -86,6 +86,7 @@ from sparkapply.sink.files import current_snapshot_id
 from sparkapply.sink.producer import StagedChange
 from sparkapply.sink.progress import applied_lsn
 from sparkapply.sink.tables import TableIdentifier, ensure_table, table_name
+from sparkapply.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -343,7 +344,8 @@ class CutLog:
         logger.info("cuts table %s: %d cuts kept", table_name(self.table), len(cuts))
 
     def _write(self, cuts: Sequence[Cut]) -> str:
-        fs, directory = location.filesystem(data_directory(self.table))
+        where = data_directory(self.table)
+        fs, directory = Storage.of(self.table.io.properties).filesystem(where)
         path = f"{directory}/cuts-{uuid.uuid4().hex}.parquet"
         pq.write_table(_rows(cuts, arrow_schema_of(self.table)), path, filesystem=fs)
         return location.join(data_directory(self.table), path.rsplit("/", 1)[1])

@@ -74,6 +74,7 @@ from sparkapply.failpoints import failpoint
 from sparkapply.sink.files import delete_paths
 from sparkapply.sink.manifest_reads import READS, Entry
 from sparkapply.sink.tables import table_name
+from sparkapply.storage import Storage, current
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ def sweep_orphans(
     keep = referenced_files(table)
     kept_prefixes = tuple(_key(p) for p in waiting)
     outcome = OrphanOutcome()
-    for path, size, mtime in list_files(table.location()):
+    for path, size, mtime in list_files(table.location(), Storage.of(table.io.properties)):
         key = _key(path)
         if not path.endswith(_DELETABLE) or key in keep or key.startswith(kept_prefixes):
             continue
@@ -350,15 +351,15 @@ def sweep_orphans(
     return outcome
 
 
-def list_files(location: str) -> Iterator[tuple[str, int, dt.datetime]]:
-    """(URI, size, modification time) of every file under ``location``."""
+def list_files(
+    location: str, storage: Storage | None = None
+) -> Iterator[tuple[str, int, dt.datetime]]:
+    """(URI, size, modification time) of every file under ``location`` (a listing by
+    prefix on an object store), opened with ``storage`` (default: the settings in
+    force)."""
     scheme = urlsplit(location).scheme
-    if scheme in ("", "file"):
-        fs: pafs.FileSystem = pafs.LocalFileSystem()
-        root = urlsplit(location).path if scheme else location
-    else:
-        fs, root = pafs.FileSystem.from_uri(location)
     try:
+        fs, root = (storage or current()).filesystem(location)
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     except OSError as exc:
         raise SinkError(f"cannot list {location}: {exc}", hint="nothing was deleted") from exc
@@ -387,7 +388,7 @@ def old_metadata_files(table: Table) -> list[tuple[str, int]]:
     keep = {_key(p) for p in [*logged, table.metadata_location]}
     directory = table.metadata_location.rsplit("/", 1)[0]
     stale = []
-    for path, size, _mtime in list_files(directory):
+    for path, size, _mtime in list_files(directory, Storage.of(table.io.properties)):
         version = _version(path)
         if 0 <= version < oldest and _key(path) not in keep:
             stale.append((path, size))

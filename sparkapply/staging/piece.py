@@ -38,6 +38,7 @@ from sparkapply.apply.write.parquet import TableWriter, filesystem
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.errors import ApplyError, NotInsertOnly, SparkapplyError
 from sparkapply.pgoutput import messages as m
+from sparkapply.storage import Storage, using
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,8 @@ class StageTask:
     tables: tuple[StageTable, ...]
     proto_version: int
     streaming: str
+    # The object store's settings, keys included: pickled with the task, never logged.
+    storage: Storage = field(kw_only=True)
 
 
 @dataclass(slots=True)
@@ -101,7 +104,8 @@ def run_stage_task(task: StageTask) -> StageResult:
     result = StageResult()
     started = time.perf_counter()
     try:
-        with collector.paused():  # as the apply tasks: many short-lived objects, no cycles
+        # As the apply tasks: many short-lived objects, no cycles.
+        with collector.paused(), using(task.storage):
             for table in task.tables:
                 result.tables.append(_stage_table(task, table))
     except SparkapplyError as exc:

@@ -88,6 +88,7 @@ from sparkapply.staging.records import (
 )
 from sparkapply.staging.staged import Piece, StagedUse, StagedWork, outcome
 from sparkapply.state.layout import prepared_dir, staged_record, staging_dir
+from sparkapply.storage import Storage
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -172,7 +173,15 @@ class Stager:
         segment = SpoolSegment(chunk.path, start, end)
         prefix = f"sparkapply-staged-{uuid.uuid4().hex[:16]}-"
         tables = tuple(dataclasses.replace(t, prefix=prefix) for t in tables)
-        task = StageTask(xid, segment, relations, tables, self.proto_version, self.streaming)
+        task = StageTask(
+            xid,
+            segment,
+            relations,
+            tables,
+            self.proto_version,
+            self.streaming,
+            storage=Storage.of(self.catalog.properties),
+        )
         covered = frozenset(rid for t in tables for rid in t.relation_ids)
         future = self._pool.submit(self._run, task)
         state.pieces.append(Piece(segment, future, frozenset(relation_ids), covered))
@@ -320,7 +329,8 @@ class Stager:
     def _describe(self, ident: TableIdent, rids: frozenset[int]) -> StageTable | None:
         try:
             table = self.catalog.load_table(ident)
-        except Exception:  # not created yet (its first batch creates it): not staged
+        except Exception as exc:  # not created yet (its first batch creates it): not staged
+            log.debug("not staging %s: %s", ".".join(ident), type(exc).__name__)
             return None
         return StageTable(
             ".".join(ident),

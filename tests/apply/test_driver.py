@@ -19,6 +19,7 @@ from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.changes.spool import SpoolSegment
 from sparkapply.datafiles import DeleteFileInfo
 from sparkapply.errors import ApplyError
+from sparkapply.storage import Storage
 
 MB = 1024 * 1024
 
@@ -44,6 +45,7 @@ def task(
         proto_version=4,
         streaming="parallel",
         insert_only=insert_only,
+        storage=Storage(),
     )
 
 

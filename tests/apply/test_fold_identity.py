@@ -15,6 +15,7 @@ from sparkapply.errors import ApplyError
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.batch import identity_epochs
+from sparkapply.storage import Storage
 from tests.plan.test_lanes import txn
 
 
@@ -121,6 +122,7 @@ def test_a_bug_in_a_task_names_table_and_lsns_and_offers_no_skip(tmp_path: Path)
         data_dir=str(tmp_path / "d"),
         proto_version=4,
         streaming="parallel",
+        storage=Storage(),
     )
     error = pickle.loads(pickle.dumps(run_table_task(task).error))
     assert isinstance(error, InternalError)

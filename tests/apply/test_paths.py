@@ -14,6 +14,7 @@ from sparkapply.apply.fold.path import FoldPath, choose_path
 from sparkapply.apply.tasks import TableResult, TableTask, run_table_task
 from sparkapply.pgoutput import messages as m
 from sparkapply.plan.batch import Identity
+from sparkapply.storage import Storage
 from tests.apply.test_fold_identity import spool
 
 
@@ -36,6 +37,7 @@ def task(
         streaming="parallel",
         identity=identity,
         insert_only=insert_only,
+        storage=Storage(),
         **fields,
     )
 

@@ -26,6 +26,7 @@ from sparkapply.datafiles import DataFileInfo
 from sparkapply.pgoutput import encode
 from sparkapply.pgoutput import messages as m
 from sparkapply.staging.piece import StageTable, StageTask, run_stage_task
+from sparkapply.storage import Storage
 from tests.apply.test_keyfold import (
     SCHEMA,
     V1,
@@ -110,7 +111,9 @@ def _stage(tmp_path: Path, segment: SpoolSegment) -> PieceFiles:
     table = StageTable(
         "public.t", frozenset({7}), SCHEMA, 0, str(tmp_path / "data"), key_names=KEY, mutated=True
     )
-    result = run_stage_task(StageTask(812, segment, (V1,), (table,), 4, "parallel"))
+    result = run_stage_task(
+        StageTask(812, segment, (V1,), (table,), 4, "parallel", storage=Storage())
+    )
     assert result.error is None
     (staged,) = result.tables
     assert staged.keyed and not staged.mutated
@@ -149,6 +152,7 @@ def test_staged_pieces_compose_to_the_model(
         proto_version=4,
         streaming="parallel",
         staged=pieces,
+        storage=Storage(),
     )
     # Split by key over several tasks, as the job splits a big table (job.py).
     parts = [run_table_task(dataclasses.replace(task, partition=(i, tasks))) for i in range(tasks)]
@@ -187,7 +191,9 @@ def test_a_piece_that_truncates_or_has_no_key_stages_nothing(tmp_path: Path) -> 
         table = StageTable(
             "public.t", frozenset({7}), SCHEMA, 0, str(tmp_path / "d"), key_names=keys, mutated=True
         )
-        result = run_stage_task(StageTask(5, segment, (V1,), (table,), 4, "parallel"))
+        result = run_stage_task(
+            StageTask(5, segment, (V1,), (table,), 4, "parallel", storage=Storage())
+        )
         assert result.error is None
         (staged,) = result.tables
         assert staged.mutated and not staged.written()

@@ -21,6 +21,7 @@ from sparkapply.copy.tasks import (
 )
 from sparkapply.errors import ConnectionLostError, ErrorKind, SourceError, TableMovedError
 from sparkapply.source.connection import SESSION_OPTIONS
+from sparkapply.storage import Storage
 
 TEXT = PgColumnType(25, -1)
 INT4 = PgColumnType(23, -1)
@@ -158,6 +159,7 @@ def _task(pg_dsn: str, snapshot: str, tmp_path: Path, query: str) -> SliceTask:
         schema=schema,
         data_dir=f"file://{tmp_path}/data",
         chunk_bytes=1000,  # several row groups
+        storage=Storage(),
     )
 
 

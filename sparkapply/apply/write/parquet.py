@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sparkapply import location
+from sparkapply import location, storage
 from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID, DeleteFileInfo
 from sparkapply.plan.keys import ascending
 
@@ -86,8 +86,9 @@ def dictionary_columns(table: pa.Table) -> list[str] | bool:
 
 
 def filesystem(where: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow file system and path of a location (see :mod:`sparkapply.location`)."""
-    return location.filesystem(where)
+    """The pyarrow file system and path of a location, under the storage settings in
+    force (:mod:`sparkapply.storage`: the task's)."""
+    return storage.filesystem(where)
 
 
 def _uri(where: str, path: str) -> str:
@@ -127,7 +128,7 @@ class TableWriter:
         self.schema = schema
         self.prefix = prefix  # of every file name; staging finds its files by it
         self.fs, self.dir_path = filesystem(self.data_dir)
-        self.fs.create_dir(self.dir_path, recursive=True)
+        storage.make_parent(self.fs, self.dir_path)
         self.seconds = 0.0  # spent writing files (the task reports it as its own phase)
 
     def _new_path(self, suffix: str) -> str:
