@@ -93,7 +93,7 @@ def _warehouse(config: Config, catalog: Catalog) -> Finding:
     s = config.spark
     spark: Any = get_session(s.master, s.app_name, s.conf)
     where, settings = found
-    target = location.join(where, f".sparkapply-check-{uuid.uuid4().hex}")
+    target = location.join(where, f"sparkapply-check-{uuid.uuid4().hex}")
     probe = spark.sparkContext.parallelize([(target, settings)], 1)
     errors = probe.map(probe_file).collect()
     if errors[0] is None:

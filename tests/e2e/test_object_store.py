@@ -28,6 +28,7 @@ import pytest
 from psycopg import sql
 
 from sparkapply.cli import main
+from sparkapply.commands.check import render_text, run_checks
 from sparkapply.config import Config, load_config
 from sparkapply.read import latest_cut
 from sparkapply.sink.cuts import cuts_identifier, read_cuts
@@ -392,6 +393,16 @@ def test_secrets_from_a_shell_never_show(lake: tuple[Mirror, Path], s3_env: Seaw
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "object store refused the credentials" in proc.stderr
+
+    # check: a Spark task writes, reads and deletes a file on S3 with the catalog's
+    # settings, and says so; with the wrong secret the warehouse check fails, alone.
+    found = run_checks(mirror.config)
+    assert [f.name for f in found if f.failed] == [], render_text(found)
+    warehouse = next(f for f in found if f.name == "warehouse")
+    assert warehouse.outcome == "pass" and "s3://" in warehouse.detail
+    refused = run_checks(load_config(config, env={**os.environ, **wrong}))
+    assert [f.name for f in refused if f.failed] == ["warehouse"], render_text(refused)
+    assert "not-the-secret" not in render_text(refused)
 
 
 @pytest.mark.slow
