@@ -168,12 +168,11 @@ def test_impossible_type_change_stops_and_acknowledges_nothing(mirror: Mirror) -
         (4, "four", 4),
         (5, "five", 5),
     ]
-    # Documented: files are resolved by column name, and the name now means the new
-    # field, so at a snapshot before the resync the replaced column reads as null.
+    # The replaced column is a new field: a snapshot before the resync reads the old one.
     before = read_table(mirror.iceberg_table("public.t"), snapshot_id=old_snapshot.snapshot_id)
     assert sorted(before.to_pylist(), key=lambda r: r["id"]) == [
-        {"id": 1, "n": None},
-        {"id": 2, "n": None},
+        {"id": 1, "n": 1},
+        {"id": 2, "n": 2},
     ]
 
 
