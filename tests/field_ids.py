@@ -8,13 +8,15 @@ for every file of every snapshot a table still has.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
+from pyiceberg.table import StaticTable, Table
 from pyiceberg.types import IcebergType, ListType, NestedField
 
 from sparkapply.datafiles import FILE_PATH_FIELD_ID, POS_FIELD_ID
@@ -109,3 +111,20 @@ def assert_field_ids(table: Table) -> dict[DataFileContent, int]:
         assert got == want, f"{'.'.join(table.name())}: {path} has ids {got}, not {want}"
         counts[content] = counts.get(content, 0) + 1
     return counts
+
+
+def pinned(table: Table, snapshot_id: int, where: Path) -> StaticTable:
+    """``table`` as of ``snapshot_id``, as a table whose current snapshot it is (its
+    schema, the snapshot's): a metadata file written under ``where`` that every reader
+    reads as it reads the table, iceberg-rust's included, which takes no snapshot id."""
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    assert snapshot is not None, f"no snapshot {snapshot_id} in {table.name()}"
+    with table.io.new_input(table.metadata_location).open() as stream:
+        doc = json.loads(stream.read())
+    doc["current-snapshot-id"] = snapshot_id
+    doc["refs"] = {"main": {"snapshot-id": snapshot_id, "type": "branch"}}
+    if snapshot.schema_id is not None:
+        doc["current-schema-id"] = snapshot.schema_id
+    path = where / f"{'.'.join(table.name())}-{snapshot_id}.metadata.json"
+    path.write_text(json.dumps(doc))
+    return StaticTable.from_metadata(path.as_uri(), properties=dict(table.io.properties))

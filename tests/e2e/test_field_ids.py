@@ -10,17 +10,20 @@ name mapping, iceberg-rust's list columns included.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from pyiceberg.manifest import DataFileContent
 
 from sparkapply.maintain.command import run_maintain
+from sparkapply.sink.read import read_table
 from tests.conftest import PgServer
-from tests.field_ids import assert_field_ids, table_files
-from tests.mirror import Mirror
-from tests.readers import unreadable
+from tests.field_ids import assert_field_ids, pinned, table_files
+from tests.mirror import Mirror, assert_readers_agree
+from tests.readers import Readers, unreadable
 
 pytestmark = pytest.mark.integration
 
@@ -84,3 +87,101 @@ def test_every_written_file_carries_the_schemas_field_ids(staging: Mirror) -> No
     # Every reader, iceberg-rust's list columns included, reads the publisher's rows.
     assert unreadable("iceberg-rust", table) == []
     m.assert_mirrored("public.t")
+
+
+# Each table's column v (c for drc, the empty e) and what the DDL makes of it; w in
+# "it" is widened, which stays a widening (the same field).
+RETYPED = {
+    "drc": (
+        "c int",
+        "ALTER TABLE drc DROP COLUMN c; ALTER TABLE drc ADD COLUMN c text",
+        "'new'",
+    ),
+    "e": ("c int", "ALTER TABLE e DROP COLUMN c; ALTER TABLE e ADD COLUMN c text", "'new'"),
+    "ti": ("v text", "ALTER TABLE ti ALTER COLUMN v TYPE int USING v::int", "70"),
+    "it": ("v int, w int", "ALTER TABLE it ALTER COLUMN v TYPE text, ALTER w TYPE bigint", "'7!'"),
+    "tz": (
+        "v timestamp",
+        "ALTER TABLE tz ALTER COLUMN v TYPE timestamptz",
+        "'2024-02-01 12:00+02'",
+    ),
+    "zt": ("v timestamptz", "ALTER TABLE zt ALTER COLUMN v TYPE timestamp", "'2024-02-01 12:00'"),
+    "nu": ("v numeric(10,2)", "ALTER TABLE nu ALTER COLUMN v TYPE int", "7"),
+}
+FIRST = {
+    "drc": "g",
+    "e": "g",
+    "ti": "g::text",
+    "it": "g, g",
+    "tz": "'2024-01-01'::timestamp + g * interval '1 hour'",
+    "zt": "'2024-01-01 00:00+00'::timestamptz + g * interval '1 hour'",
+    "nu": "g + 0.25",
+}
+
+
+def test_a_column_iceberg_cannot_retype_is_replaced_without_a_stop(
+    mirror: Mirror, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    m = mirror
+    names = [f"public.{t}" for t in RETYPED]
+    m.sql(
+        *(f"CREATE TABLE {t} (id int PRIMARY KEY, {cols})" for t, (cols, _, _) in RETYPED.items()),
+        "CREATE PUBLICATION pub FOR ALL TABLES",
+        *(
+            f"INSERT INTO {t} SELECT g, {FIRST[t]} FROM generate_series(1, 5) g"
+            for t in RETYPED
+            if t != "e"
+        ),
+    )
+    m.run()  # the copy
+    m.sql(*(f"UPDATE {t} SET id = 10 WHERE id = 5" for t in RETYPED))
+    m.run()
+    before = {n: m.iceberg_table(n) for n in names}
+    old_rows = {n: read_table(t) for n, t in before.items()}
+    old_ids = {n: {f.name: f.field_id for f in t.schema().fields} for n, t in before.items()}
+
+    # Changes before the DDL, the DDL, and changes after it, in one run.
+    m.sql(
+        *(f"DELETE FROM {t} WHERE id = 1" for t in RETYPED),
+        *(ddl for _, ddl, _ in RETYPED.values()),
+        *(
+            f"INSERT INTO {t} (id, {_column(t)}) VALUES (7, {v})"
+            for t, (_, _, v) in RETYPED.items()
+        ),
+        *(f"UPDATE {t} SET {_column(t)} = {v} WHERE id = 2" for t, (_, _, v) in RETYPED.items()),
+    )
+    with caplog.at_level(logging.INFO):
+        m.run()  # no stop
+    m.assert_mirrored(*names)
+    log = caplog.text
+    assert "copying the table again" in log and "replaced column(s)" in log
+
+    for name, old in before.items():
+        table = m.iceberg_table(name)
+        ids = {f.name: f.field_id for f in table.schema().fields}
+        column = _column(name.split(".")[1])
+        assert list(ids) == list(old_ids[name]), f"{name}: columns moved: {list(ids)}"
+        assert ids[column] > max(old_ids[name].values()), f"{name}.{column} not replaced"
+        assert ids["id"] == old_ids[name]["id"]
+        # The snapshot from before the change reads its old values, in every reader.
+        snapshot_id = old.metadata.current_snapshot_id
+        assert snapshot_id is not None
+        then = read_table(table, snapshot_id=snapshot_id)
+        assert then.equals(old_rows[name]), f"{name} at {snapshot_id}: {then.to_pylist()}"
+        at = pinned(table, snapshot_id, tmp_path)
+        with Readers() as readers:
+            assert_readers_agree(f"{name}@{snapshot_id}", at, read_table(at), readers)
+        assert read_table(at).equals(old_rows[name])
+    widened = m.iceberg_table("public.it").schema().find_field("w")
+    assert widened.field_id == old_ids["public.it"]["w"] and str(widened.field_type) == "long"
+
+    # The stream goes on into the new columns.
+    m.sql(*(f"UPDATE {t} SET {_column(t)} = NULL WHERE id = 3" for t in RETYPED))
+    m.run()
+    m.assert_mirrored(*names)
+    for name in names:
+        assert_field_ids(m.iceberg_table(name))
+
+
+def _column(table: str) -> str:
+    return "c" if table in ("drc", "e") else "v"
