@@ -72,7 +72,7 @@ def table_files(table: Table) -> Iterator[tuple[str, DataFileContent, int]]:
     seen: set[str] = set()
     for snapshot in metadata.snapshots:
         for manifest in snapshot.manifests(table.io):
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            for entry in manifest.fetch_manifest_entry(table.io):
                 f = entry.data_file
                 if f.file_path in seen:
                     continue
