@@ -182,6 +182,17 @@ def test_a_column_iceberg_cannot_retype_is_replaced_without_a_stop(
     for name in names:
         assert_field_ids(m.iceberg_table(name))
 
+    # Killed after the column was replaced, before the copy committed: the intent was
+    # recorded first, so the next start copies the table (else its rows kept nulls).
+    m.sql("ALTER TABLE nu ALTER COLUMN v TYPE text", "INSERT INTO nu VALUES (8, 'eight')")
+    m.run_killed("copy-before-commit", tmp_path)
+    nu = m.catalog.load_table(("public", "nu"))
+    assert str(nu.schema().find_field("v").field_type) == "string", "killed before the replace"
+    assert "int to string" in nu.properties["sparkapply.copy-again"]
+    m.run()
+    m.assert_mirrored("public.nu")
+    assert "sparkapply.copy-again" not in m.catalog.load_table(("public", "nu")).properties
+
 
 def _column(table: str) -> str:
     return "c" if table in ("drc", "e") else "v"
