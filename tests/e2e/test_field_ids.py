@@ -5,6 +5,10 @@ table each write Parquet; every file of every snapshot must hold the field ids o
 schema it was written in, list elements included, and delete files the spec's
 reserved ids (tests/field_ids.py). With ids, every reader resolves columns without the
 name mapping, iceberg-rust's list columns included.
+
+And what the ids make possible: a column Iceberg cannot retype (a type change it
+cannot widen, a column dropped and added again with another type) is replaced by a
+new field while the run goes on, and the snapshots before keep reading the old one.
 """
 
 from __future__ import annotations
