@@ -185,7 +185,7 @@ from sparkapply.pgoutput.messages import Relation, RelationColumn
 from sparkapply.sink.commit import commit_files
 from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
-from sparkapply.sink.relations import table_for_relation
+from sparkapply.sink.relations import evolve_to
 from sparkapply.sink.stats import live_rows
 from sparkapply.sink.tables import ensure_table
 from sparkapply.source.connection import ReplicationConnection, session_conninfo
@@ -631,9 +631,17 @@ class TableCopier:
         replaced (module doc, A COLUMN ICEBERG CANNOT RETYPE): the copy writes every
         row again."""
         ident = self.target(source.schema, source.name)
-        return table_for_relation(
-            self.catalog, ident, source.relation, lsn=lsn, replace_changed=True
-        )
+        table = ensure_table(self.catalog, ident, iceberg_schema_for(source.relation))
+        replaced = plan_evolution(table.schema(), source.relation, replace_changed=True).replace
+        if (
+            replaced
+            and applied_lsn(table) is not None
+            and COPY_AGAIN_PROPERTY not in table.properties
+        ):
+            # Killed before the copy commits, the table would hold the new column, null
+            # in rows the stream never sends again (a resync's): the next start copies.
+            mark_copy_again(table, f"column(s) {', '.join(c for c, _ in replaced)} replaced")
+        return evolve_to(self.catalog, ident, table, source.relation, lsn=lsn, replace_changed=True)
 
     def _commit(
         self,

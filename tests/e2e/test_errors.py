@@ -19,7 +19,7 @@ from sparkapply.errors import (
 )
 from sparkapply.sink.read import read_table
 from tests.conftest import PgServer
-from tests.mirror import Mirror, cli
+from tests.mirror import Mirror, cli, killed
 
 pytestmark = pytest.mark.integration
 
@@ -120,7 +120,7 @@ def test_two_publishers_cannot_share_a_cuts_table(
         pg_server.drop_database(name)
 
 
-def test_resync_after_a_type_change_replaces_the_column(mirror: Mirror) -> None:
+def test_resync_after_a_type_change_replaces_the_column(mirror: Mirror, tmp_path: Path) -> None:
     """A resync while stopped, after a type change Iceberg cannot widen (a run would
     copy the table again itself: tests/e2e/test_field_ids.py)."""
     mirror.sql("CREATE TABLE t (id int PRIMARY KEY, n int)", "CREATE PUBLICATION pub FOR TABLE t")
@@ -134,7 +134,15 @@ def test_resync_after_a_type_change_replaces_the_column(mirror: Mirror) -> None:
     old_snapshot = mirror.iceberg_table("public.t").current_snapshot()
     assert old_snapshot is not None
     mirror.sql("ALTER TABLE t ADD COLUMN later int", "INSERT INTO t VALUES (4, 'four', 4)")
+    # A resync killed after the column was replaced and before its copy committed
+    # leaves the table marked to be copied again (the replaced column is null in it).
+    cfg = mirror.write_config(tmp_path / "resync.toml")
+    killed("copy-before-commit", "resync", "--config", str(cfg), "--table", "public.t")
+    table = mirror.catalog.load_table(("public", "t"))
+    assert str(table.schema().find_field("n").field_type) == "string"
+    assert table.properties["sparkapply.copy-again"] == "column(s) n replaced"
     resync(mirror.config, "public.t", spark=mirror.spark, catalog=mirror.catalog)
+    assert "sparkapply.copy-again" not in mirror.catalog.load_table(("public", "t")).properties
     mirror.sql("UPDATE t SET n = n || '!' WHERE id <= 3", "INSERT INTO t VALUES (5, 'five', 5)")
     mirror.run()
     mirror.assert_mirrored("public.t")
