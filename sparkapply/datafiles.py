@@ -54,12 +54,18 @@ class DeleteFileInfo:
 
 
 def arrow_schema_of(table: Table) -> pa.Schema:
-    """Column names and types of the table's current schema, without field ids.
+    """The Arrow schema every data file of ``table`` is written in: the current
+    schema's names and types, each field (list elements too) carrying its Iceberg
+    field id as ``PARQUET:field_id``, which pyarrow writes into the Parquet schema.
 
-    Files carry no field ids; the table's name mapping resolves them by name.
+    The spec asks writers for field ids, and readers resolve a file's columns by
+    them: a column replaced under its name (``sink/tables.py``) is a new id, so an
+    older snapshot's files still read as the old column. Files written before ids
+    were written are resolved through the table's name mapping instead.
     """
-    schema = schema_to_pyarrow(table.schema(), include_field_ids=False)
-    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+    schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
+    # Only the field ids: no schema-level metadata rides along into every file.
+    return pa.schema(list(schema))
 
 
 def empty_table(schema: pa.Schema) -> pa.Table:

@@ -25,6 +25,7 @@ import pyarrow as pa
 from pyiceberg.table import Table
 from pyiceberg.types import ListType
 
+from tests.field_ids import file_ids, live_data_files
 from tests.rust_reader import shared_reader
 
 READERS = ("duckdb", "iceberg-rust")
@@ -69,18 +70,19 @@ def unreadable(reader: str, table: Table) -> list[str]:
     """The columns of ``table`` that ``reader`` cannot read at all: known limitations of
     the reader, not of the table. They are left out of that reader's comparison only.
 
-    iceberg-rust: list columns. Its Parquet reader (iceberg-rust 0.10, in pyiceberg-core
-    0.10.1; still so on its main branch) applies the table's name mapping to top-level
-    columns only (``apply_name_mapping_to_arrow_schema``), so in a file written without
-    field ids (every data file sparkapply writes, resolved through the name mapping as
-    the spec allows) a list's element gets no id. The reader then takes the list for a
-    column added after the file was written and fails to make a column of nulls for it:
-    "unexpected target column type List(Int32, field: 'element', …)". Upstream:
-    apache/iceberg-rust#1845 (nested types in ArrowReader name mapping, open).
+    iceberg-rust: a list column that a live data file does not hold by its field id.
+    Its reader (iceberg-rust 0.10, in pyiceberg-core 0.10.1) cannot make the column of
+    nulls such a file reads as: "unexpected target column type List(…)". That is a
+    list column added after the file was written (apache/iceberg-rust#2618), and any
+    list column in a file written without field ids (by sparkapply before it wrote
+    them), whose element the name mapping does not reach (apache/iceberg-rust#1845).
+    Files sparkapply writes now carry ids, so a list column every file holds is read.
     """
-    if reader == "iceberg-rust":
-        return [f.name for f in table.schema().fields if isinstance(f.field_type, ListType)]
-    return []
+    if reader != "iceberg-rust":
+        return []
+    lists = [f for f in table.schema().fields if isinstance(f.field_type, ListType)]
+    held = [file_ids(path) for path in live_data_files(table)] if lists else []
+    return [f.name for f in lists if any(ids.get((f.name,)) != f.field_id for ids in held)]
 
 
 class Readers:

@@ -55,5 +55,5 @@ def resync(config: Config, table: str, *, spark: Any = None, catalog: Any = None
         from sparkapply.apply.session import get_session
 
         spark = get_session(config.spark.master, config.spark.app_name, config.spark.conf)
-    copier = TableCopier(config, spark, catalog, replace_changed=True)
+    copier = TableCopier(config, spark, catalog)
     return copier.copy_from_temporary_snapshot([(schema, name)], f"resync of {schema}.{name}")

@@ -28,8 +28,10 @@ published table. It carries only the current columns, by name, so:
   rows keep their values, new rows have null); nothing to do but report it;
 - a column whose type changed is *widened* when Iceberg allows it (int to long, float
   to double, decimal(P,S) to decimal(P',S) with P' > P, also as a list element);
-  anything else raises :class:`SchemaChangeError` naming the table, column, both types
-  and the LSN, because writing on would either fail or silently change values;
+  anything else is *replaced* when the table is copied again (``replace_changed``:
+  a new field of the same name and place, copy/driver.py, A COLUMN ICEBERG CANNOT
+  RETYPE), and raises :class:`SchemaChangeError` naming the table, column, both types
+  and the LSN otherwise, because writing on would either fail or silently change values;
 - the identifier fields follow the key; key columns must become required and former
   key columns optional. The plan lists these separately because Iceberg treats
   "make required" as an incompatible change: it is safe for a column that existed
@@ -38,10 +40,10 @@ published table. It carries only the current columns, by name, so:
   existing rows with the column default without replicating them, so in Iceberg those
   rows have no value. The sink decides (e.g. refuse unless the table is empty).
 
-What the messages cannot tell apart: a rename looks like a drop plus an add (old rows
-keep the value under the old name), and a column dropped and re-added under the same
-name with the same type between two changes looks like no change at all (old rows keep
-the old values). Both are documented limitations of name-based mapping.
+What the messages cannot tell apart: a rename looks like a drop plus an add, and a
+column dropped and re-added under the same name looks like a type change, or like no
+change at all. The publisher's catalog tells them apart (copy/columns.py): both have
+the table copied again.
 """
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ class EvolutionPlan:
     add: tuple[AddColumn, ...] = ()
     widen: tuple[WidenColumn, ...] = ()
     # Columns whose type changed past what Iceberg can widen, planned with
-    # ``replace_changed`` (a resync, which rewrites every row): (name, new type).
+    # ``replace_changed`` (a copy, which rewrites every row): (name, new type).
     replace: tuple[tuple[str, IcebergType], ...] = ()
     dropped: tuple[str, ...] = ()
     identifier_field_names: tuple[str, ...] = ()
@@ -267,7 +269,7 @@ def plan_evolution(
     """Compare a table's Iceberg schema with a RELATION message (see SCHEMA CHANGES).
 
     Raises :class:`SchemaChangeError` for a type change Iceberg cannot follow; with
-    ``replace_changed`` (a resync: every row is written again) plans to replace the
+    ``replace_changed`` (a copy: every row is written again) plans to replace the
     column instead.
     """
     table = table_name(relation)
@@ -313,6 +315,21 @@ def plan_evolution(
         make_required=tuple(n for n in new_ids if n in by_name and not by_name[n].required),
         make_optional=tuple(f.name for f in current.fields if f.required and f.name not in new_ids),
     )
+
+
+def arrays_not_held_as_lists(relation: Relation, current: Schema) -> list[str]:
+    """The array columns of ``relation`` that ``current`` does not hold as lists (new
+    ones, or held as text). Only of these is the publisher's catalog asked whether they
+    have more than one dimension (convert/types.py, ARRAYS OF MORE THAN ONE DIMENSION):
+    an array column that was text before (ALTER TYPE) and is not so declared is a
+    type change."""
+    held = {f.name: f.field_type for f in current.fields}
+    return [
+        c.name
+        for c in relation.columns
+        if column_target(PgColumnType(c.type_oid, c.type_modifier)).kind is ColumnKind.LIST
+        and not isinstance(held.get(c.name), ListType)
+    ]
 
 
 def can_widen(old: IcebergType, new: IcebergType) -> bool:

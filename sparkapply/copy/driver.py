@@ -109,6 +109,17 @@ COLUMNS THAT ARRIVE WITH VALUES
     cleared by the copy's commit), so a kill before the copy commits (after which the
     column is no longer new) still copies it at the next start.
 
+A COLUMN ICEBERG CANNOT RETYPE
+
+    A column dropped and added again under its name with another type, or an ``ALTER
+    COLUMN ... TYPE`` Iceberg cannot promote (text and int either way, timestamp and
+    timestamptz, numeric to int, a decimal's scale), cannot be followed by a schema
+    update: Iceberg only widens. PostgreSQL rewrote the rows, and sends none of them.
+    So a RELATION with such a column has the table copied again before its batch, as
+    above, and every copy replaces such a column in Iceberg by a new field of the same
+    name and place (``sink/tables.py``, ``replace_columns``; a new field id) before it
+    writes the rows: older snapshots keep the old field and its values.
+
 A TABLE THAT LEAVES THE PUBLICATION
 
     Its changes are no longer sent, so if it is published again (or renamed back) its
@@ -141,7 +152,14 @@ from sparkapply.changes.cut_requests import CutRequests
 from sparkapply.changes.prepared import PreparedStore
 from sparkapply.changes.transaction import CommittedTxn, relations_named
 from sparkapply.config import Config
-from sparkapply.convert.schema import iceberg_identifier, iceberg_schema_for, source_identifier
+from sparkapply.convert.schema import (
+    arrays_not_held_as_lists,
+    iceberg_identifier,
+    iceberg_schema_for,
+    plan_evolution,
+    source_identifier,
+)
+from sparkapply.convert.types import columns_as_text
 from sparkapply.copy.columns import (
     LAST_ATTNUM_PROPERTY,
     CatalogColumn,
@@ -166,12 +184,12 @@ from sparkapply.copy.tasks import SliceResult
 from sparkapply.errors import ConnectionLostError, CopyError, SparkapplyError
 from sparkapply.failpoints import failpoint
 from sparkapply.lsn import Lsn
-from sparkapply.pgoutput.messages import Relation
+from sparkapply.pgoutput.messages import Relation, RelationColumn
 from sparkapply.sink.atomic import atomic_commits
 from sparkapply.sink.cuts import CutLog
 from sparkapply.sink.files import current_snapshot_id, remove_orphans
 from sparkapply.sink.progress import applied_lsn
-from sparkapply.sink.relations import table_for_relation
+from sparkapply.sink.relations import evolve_to
 from sparkapply.sink.stats import live_rows
 from sparkapply.sink.tables import ensure_table
 from sparkapply.source.connection import ReplicationConnection, session_conninfo
@@ -245,7 +263,6 @@ class TableCopier:
         *,
         check_interval: float = PUBLICATION_CHECK_INTERVAL,
         slice_bytes: int = DEFAULT_SLICE_BYTES,
-        replace_changed: bool = False,
         cuts: CutLog | None = None,
     ) -> None:
         self.config = config
@@ -256,18 +273,16 @@ class TableCopier:
         self.cut_requests: CutRequests | None = None
         self.cuts_requested: list[Lsn] = []  # the cuts copies asked for, this run
         self._atomic = config.sink.atomic_commit and atomic_commits(catalog)
-        # A resync writes every row again, so a column whose type changed past what
-        # Iceberg can widen is replaced (sink/tables.py, replace_columns), not refused.
-        self.replace_changed = replace_changed
         self.check_interval = check_interval
         self._job = SliceJob(spark, config.source.dsn, slice_bytes)
         self._copied: list[tuple[str, str]] = []  # committed since take_copied()
         self.reports: list[CopyReport] = []
         # Copied (with the OID copied), or not ours to copy (None: any OID).
         self._known: dict[tuple[str, str], int | None] = {}
-        self._recreated: set[tuple[str, str]] = set()  # being copied again: a new OID
         # What a table's rows were made from (copy/columns.py), read once a session.
         self._columns: dict[tuple[str, str], _MirroredColumns] = {}
+        # The columns of the last RELATION whose types the table holds (_retyped).
+        self._typed: dict[tuple[str, str], tuple[RelationColumn, ...]] = {}
         self._last_check = time.monotonic()
         self._kept: psycopg.Connection[Any] | None = None  # see _catalog_now
 
@@ -330,7 +345,9 @@ class TableCopier:
             self._check(sorted(seen), "first change of the table in the stream")
         valued = self._columns_with_values(batch)
         if valued:
-            self.copy_from_temporary_snapshot(valued, "copy again: columns added with values")
+            self.copy_from_temporary_snapshot(
+                valued, "copy again: columns with values the stream did not send"
+            )
 
     def _columns_with_values(self, batch: Sequence[CommittedTxn]) -> list[tuple[str, str]]:
         """Tables a RELATION of ``batch`` shows columns of whose older rows may hold
@@ -350,6 +367,10 @@ class TableCopier:
             names = [col.name for col in rel.columns]
             mirrored = self._mirrored(key)
             verdict = judge(names, mirrored.numbers, mirrored.held, mirrored.last_attnum, now)
+            retyped = self._retyped(key, rel, lsn)
+            if retyped:
+                out.append(key)
+                continue
             if verdict.numbers == mirrored.numbers:
                 continue
             table = self.catalog.load_table(self.target(*key))
@@ -372,6 +393,36 @@ class TableCopier:
                 _set_properties(table, numbers_property(verdict.numbers))
                 self._columns[key] = dataclasses.replace(mirrored, numbers=verdict.numbers)
         return out
+
+    def _retyped(self, key: tuple[str, str], rel: Relation, lsn: Lsn) -> list[str]:
+        """The columns of ``rel`` whose type the table holds as one Iceberg cannot
+        widen to the new (module doc, A COLUMN ICEBERG CANNOT RETYPE); if any, the
+        table is marked to be copied again, which replaces them. A RELATION whose
+        columns were found held before is not looked at again."""
+        if self._typed.get(key) == rel.columns:
+            return []
+        table = self.catalog.load_table(self.target(*key))
+        applied = applied_lsn(table)
+        if applied is not None and lsn <= applied:
+            return []  # a transaction the table holds: its schema is behind
+        asked = arrays_not_held_as_lists(rel, table.schema())
+        if asked:
+            rel = columns_as_text(rel, self.multidimensional(rel.relation_id, asked))
+        plan = plan_evolution(table.schema(), rel, replace_changed=True)
+        if not plan.replace:
+            self._typed[key] = rel.columns
+            return []
+        held = {f.name: f.field_type for f in table.schema().fields}
+        changes = ", ".join(f"{c} {held[c]} to {t}" for c, t in plan.replace)
+        log.warning(
+            "table %s.%s: column(s) changed type in a way Iceberg cannot widen (%s); "
+            "copying the table again, each such column replaced by a new one of the "
+            "same name (older snapshots keep the old)",
+            *key,
+            changes,
+        )
+        mark_copy_again(table, f"column(s) changed type: {changes}")
+        return [c for c, _ in plan.replace]
 
     def _catalog_now(self, relations: Sequence[Relation]) -> list[dict[str, CatalogColumn]]:
         """The catalog's columns now of each of ``relations``' columns, read on a
@@ -489,7 +540,6 @@ class TableCopier:
                     t.oid,
                     copied_oid,
                 )
-                self._recreated.add(t.key)
                 out.append(t.key)
             else:
                 if copied_oid is None:  # copied before OIDs were recorded
@@ -597,12 +647,21 @@ class TableCopier:
 
     def _prepare(self, source: SourceTable, lsn: Lsn | None) -> Any:
         """Create the Iceberg table, or evolve it to the source's columns, as the
-        applier does for a RELATION message."""
+        applier does for a RELATION message; a column Iceberg cannot retype is
+        replaced (module doc, A COLUMN ICEBERG CANNOT RETYPE): the copy writes every
+        row again."""
         ident = self.target(source.schema, source.name)
-        replace = self.replace_changed or source.key in self._recreated
-        return table_for_relation(
-            self.catalog, ident, source.relation, lsn=lsn, replace_changed=replace
-        )
+        table = ensure_table(self.catalog, ident, iceberg_schema_for(source.relation))
+        replaced = plan_evolution(table.schema(), source.relation, replace_changed=True).replace
+        if (
+            replaced
+            and applied_lsn(table) is not None
+            and COPY_AGAIN_PROPERTY not in table.properties
+        ):
+            # Killed before the copy commits, the table would hold the new column, null
+            # in rows the stream never sends again (a resync's): the next start copies.
+            mark_copy_again(table, f"column(s) {', '.join(c for c, _ in replaced)} replaced")
+        return evolve_to(self.catalog, ident, table, source.relation, lsn=lsn, replace_changed=True)
 
     def _commit(
         self,
@@ -641,7 +700,6 @@ class TableCopier:
             report.rows[".".join(p.ident)] = one.rows
             report.bytes += sum(r.bytes for r in results if r.table == p.source.qualified)
             self._known[p.source.key] = p.source.oid
-            self._recreated.discard(p.source.key)
             self._copied.append(p.ident)
         return errors
 

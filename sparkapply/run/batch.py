@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pyiceberg.types import ListType
 from pyspark.sql import SparkSession
 
 from sparkapply import collector
@@ -38,8 +37,8 @@ from sparkapply.apply.tasks import TableResult, TableTask
 from sparkapply.apply.write.locate import warm as warm_files
 from sparkapply.changes.staged import PieceFiles
 from sparkapply.changes.transaction import CommittedTxn, relations_named
-from sparkapply.convert.schema import relation_identifier
-from sparkapply.convert.types import ColumnKind, PgColumnType, column_target, columns_as_text
+from sparkapply.convert.schema import arrays_not_held_as_lists, relation_identifier
+from sparkapply.convert.types import columns_as_text
 from sparkapply.datafiles import DataFileInfo, DeleteFileInfo, arrow_schema_of, data_directory
 from sparkapply.errors import SparkapplyError
 from sparkapply.failpoints import failpoint
@@ -502,16 +501,8 @@ class Applier:
     def _declared(self, rel: m.Relation, state: contract.TableState) -> m.Relation:
         """``rel``, with the array columns the publisher declares with more than one
         dimension as text (convert/types.py, ARRAYS OF MORE THAN ONE DIMENSION): a
-        RELATION cannot say it. The catalog is asked only of array columns the table
-        does not hold as lists (new ones, or held as text); an array column that
-        was text before (ALTER TYPE) and is not so declared stays a type change."""
+        RELATION cannot say it (convert/schema.py, ``arrays_not_held_as_lists``)."""
         if self.multidimensional is None:
             return rel
-        stored = {f.name: f.field_type for f in state.table.schema().fields}
-        asked = [
-            c.name
-            for c in rel.columns
-            if column_target(PgColumnType(c.type_oid, c.type_modifier)).kind is ColumnKind.LIST
-            and not isinstance(stored.get(c.name), ListType)
-        ]
+        asked = arrays_not_held_as_lists(rel, state.table.schema())
         return columns_as_text(rel, self.multidimensional(rel.relation_id, asked)) if asked else rel

@@ -1,9 +1,13 @@
 """The data files a commit adds, described for their manifest entries.
 
-Executors write plain Parquet (no field ids). Before a commit the driver reads each new
-file's footer as pyiceberg's ``parquet_file_to_data_file`` does (:func:`_describe`): the
-statistics the manifest entry records, and the check that the file's columns match the
-table's schema through its name mapping (``tables.py``). The reads run in parallel on
+Executors write Parquet with the table schema's field ids (``datafiles.py``). Before a
+commit the driver reads each new file's footer as pyiceberg's
+``parquet_file_to_data_file`` does (:func:`_describe`): the statistics the manifest
+entry records, and the check that the file's columns match the table's schema. The
+statistics are recorded under the ids of the table schema's columns of the same names,
+so the check also requires the file's own ids to be those (:func:`_same_ids`): a file
+written in another schema (a column replaced since, ``tables.py``) would otherwise have
+its bounds recorded for the wrong field. The reads run in parallel on
 pyiceberg's shared thread pool, one footer read per file. A file that is missing,
 unreadable or does not match is refused before the catalog is asked: nothing is
 committed.
@@ -26,12 +30,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
+    PYARROW_PARQUET_FIELD_ID_KEY,
     StatisticsCollector,
     UnsupportedPyArrowTypeException,
     _check_pyarrow_schema_compatible,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
+    pyarrow_to_schema,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
@@ -149,6 +155,7 @@ class _Checks:
         _check_pyarrow_schema_compatible(
             metadata.schema(), file_schema, format_version=metadata.format_version
         )
+        _same_ids(metadata, file_schema)
         with self._lock:
             if len(self._passed) >= _MAX_KEPT:  # schemas come and go: start over
                 self._passed.clear()
@@ -176,6 +183,22 @@ class _Checks:
 
 
 _CHECKS = _Checks()
+
+
+def _same_ids(metadata: TableMetadata, file_schema: pa.Schema) -> None:
+    """A file with field ids holds each column under the id the table's schema gives
+    its name (ValueError naming the first that does not); one without ids (written
+    before sparkapply wrote them) is resolved by name, through the name mapping."""
+    if not any(f.metadata and PYARROW_PARQUET_FIELD_ID_KEY in f.metadata for f in file_schema):
+        return
+    held = parquet_path_to_id_mapping(pyarrow_to_schema(file_schema))
+    wanted = parquet_path_to_id_mapping(metadata.schema())
+    for path, field_id in held.items():
+        if wanted.get(path) != field_id:
+            raise ValueError(
+                f"column {path} has field id {field_id} in the file, "
+                f"{wanted.get(path)} in the table schema {metadata.current_schema_id}"
+            )
 
 
 def _describe(io: FileIO, metadata: TableMetadata, path: str) -> DataFile:

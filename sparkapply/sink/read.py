@@ -37,8 +37,9 @@ __all__ = ["Cut", "cut_snapshots", "latest_cut", "read_table"]
 def read_table(table: Table, *, snapshot_id: int | None = None) -> pa.Table:
     """The table's rows at its current snapshot (or ``snapshot_id``), all in memory.
 
-    Files written without field ids are resolved through the table's name mapping,
-    and columns added after a file was written read as null, as in every engine.
+    Columns are resolved by field id (files written before sparkapply wrote ids,
+    through the table's name mapping), and columns added after a file was written
+    read as null, as in every engine.
     """
     # Not ``to_arrow()``: with no row left it makes ``schema.empty_table()``, which
     # pyarrow cannot for a list of uuid; the reader's empty result has the schema.

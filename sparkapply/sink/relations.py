@@ -47,7 +47,7 @@ def evolve_to(
 ) -> Table:
     """Apply what ``relation`` changes in the table's schema (nothing if nothing does);
     a change Iceberg cannot follow raises SchemaChangeError naming table, column, LSN,
-    unless ``replace_changed`` (a resync, which writes every row again): then such a
+    unless ``replace_changed`` (a copy, which writes every row again): then such a
     column is replaced by one of the new type, in its place."""
     plan = plan_evolution(table.schema(), relation, lsn=lsn, replace_changed=replace_changed)
     if plan.replace:

@@ -1,12 +1,18 @@
 """Iceberg tables: create on first sight, evolve with the publisher, keep the name mapping.
 
-Executors write Parquet files *without* field ids (plain pyarrow), named by column.
-Iceberg resolves such files through the table property ``schema.name-mapping.default``
-(column name → field id), both when a file is added (pyiceberg checks the file's schema
-against the table's) and whenever any engine reads it. So every table sparkapply writes
-has a name mapping that covers every column, and every schema change updates it in the
-same metadata commit: a column missing from the mapping would read as null in every
-file, including the files written after the column was added.
+Executors write Parquet files with field ids (``datafiles.arrow_schema_of``), and every
+reader resolves their columns by id. Files written by sparkapply before it wrote ids
+have none; readers resolve those through the table property
+``schema.name-mapping.default`` (column name → field id).
+
+THE NAME MAPPING SERVES THE FILES WITHOUT IDS
+    So it says what a name meant when such files were written, and a schema change
+    never re-points a name: a column replaced under its name (:func:`replace_columns`)
+    is a new field, and the name stays mapped to the old one, so an older snapshot's
+    files without ids still read the old column's values. A new column gets an entry
+    when its name is free (harmless, and every field keeps one until it is replaced);
+    pyiceberg's own schema update would re-point the name, so each schema commit
+    states the mapping itself (:func:`_keep_name_mapping`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pyiceberg.exceptions import (
     TableAlreadyExistsError,
     ValidationError,
 )
-from pyiceberg.schema import Schema, index_by_id
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.name_mapping import MappedField, NameMapping, create_mapping_from_schema
 from pyiceberg.types import (
@@ -102,9 +108,10 @@ def ensure_table(
             hint="check that the catalog is reachable and the schema is valid for Iceberg",
         ) from exc
 
-    if not _mapping_covers(table.name_mapping(), table.schema()):
+    before = table.name_mapping()
+    if _kept_mapping(before, table.schema()) != before:
         txn = table.transaction()
-        _ensure_name_mapping(txn)
+        _keep_name_mapping(txn, before)
         _commit_metadata(txn, name, "name mapping repair")
         logger.info("repaired the name mapping of Iceberg table %s", name)
     return table
@@ -122,7 +129,7 @@ def _create(
     txn = catalog.create_table_transaction(
         identifier, schema, location=_table_location(catalog, identifier), properties=props
     )
-    _ensure_name_mapping(txn)
+    _keep_name_mapping(txn, None)
     # Another process may have created it between our load and our create: use theirs.
     with contextlib.suppress(TableAlreadyExistsError, CommitFailedException):
         txn.commit_transaction()
@@ -237,8 +244,10 @@ def note_added_to_rows(table: Table, added: Sequence[str]) -> None:
 
 @contextlib.contextmanager
 def _schema_commit(table: Table, what: str, lsn: Lsn | None) -> Iterator[Transaction]:
-    """A transaction for schema updates, committed with the name mapping brought up to
-    date; an update Iceberg refuses is a :class:`SchemaChangeError` naming the table."""
+    """A transaction for schema updates, committed with the name mapping kept (see THE
+    NAME MAPPING SERVES THE FILES WITHOUT IDS); an update Iceberg refuses is a
+    :class:`SchemaChangeError` naming the table."""
+    before = table.name_mapping()
     txn = table.transaction()
     try:
         yield txn
@@ -246,7 +255,7 @@ def _schema_commit(table: Table, what: str, lsn: Lsn | None) -> Iterator[Transac
         raise SchemaChangeError(
             f"Iceberg refused the schema change: {exc}", table=table_name(table), lsn=lsn
         ) from exc
-    _ensure_name_mapping(txn)
+    _keep_name_mapping(txn, before)
     _commit_metadata(txn, table_name(table), what, lsn=lsn)
 
 
@@ -254,13 +263,14 @@ def replace_columns(
     table: Table, columns: Sequence[tuple[str, IcebergType]], lsn: Lsn | None
 ) -> None:
     """Replace each column by an optional one of the new type, in the same place, in
-    one metadata commit: for a resync, which writes every row again, after a type
-    change Iceberg cannot widen. The old field is deleted and a new one added (two
-    schema updates: one that deletes a name and adds it again finds the old field
-    when it moves it). Old snapshots keep the old field, but files are resolved by
-    column name, and the name now means the new field: at a snapshot before the
-    resync the column reads as null. A replaced key column leaves the table without
-    identifier fields."""
+    one metadata commit: for a copy, which writes every row again, after a type
+    change Iceberg cannot widen or a column dropped and added again under its name.
+    The old field is deleted and a new one (a new field id) added: two schema
+    updates, as one that deletes a name and adds it again finds the old field when
+    it moves it. Older snapshots keep the old field, and their files hold it by its
+    id (or, written without ids, by the name mapping, which keeps the name on the
+    old field): they read the old column's values. A replaced key column leaves the
+    table without identifier fields."""
     name = table_name(table)
     schema = table.schema()
     order = [f.name for f in schema.fields]
@@ -282,8 +292,9 @@ def replace_columns(
                     else:
                         update.move_after(column, order[at - 1])
     logger.warning(
-        "replaced column(s) %s of Iceberg table %s with the new type (%s); at a "
-        "snapshot before this one they read as null",
+        "replaced column(s) %s of Iceberg table %s by new field(s) of the same name (%s), "
+        "as the type Iceberg holds cannot become the publisher's; snapshots before this "
+        "one keep the old column",
         sorted(replaced),
         name,
         ", ".join(f"{c} {t}" for c, t in columns),
@@ -381,50 +392,33 @@ def _commit_metadata(txn: Transaction, table: str, what: str, *, lsn: Lsn | None
         ) from exc
 
 
-def _ensure_name_mapping(txn: Transaction) -> None:
-    """Stage a name mapping that covers every field of the transaction's schema.
-
-    Kept as is when complete (``update_schema`` maintains an existing mapping,
-    aliases included); otherwise existing entries are kept and the missing fields
-    are added from the schema.
-    """
+def _keep_name_mapping(txn: Transaction, before: NameMapping | None) -> None:
+    """Stage the name mapping ``before`` (the table's before the transaction; None for
+    a new table) with entries for the fields it lacks whose names are free."""
     metadata = txn.table_metadata
-    schema = metadata.schema()
-    current = metadata.name_mapping()
-    if _mapping_covers(current, schema):
-        return
-    fresh = create_mapping_from_schema(schema)
-    merged = fresh if current is None else NameMapping(_merge(list(current), list(fresh)))
-    txn.set_properties({NAME_MAPPING_PROPERTY: merged.model_dump_json()})
+    kept = _kept_mapping(before, metadata.schema())
+    if kept != metadata.name_mapping():
+        txn.set_properties({NAME_MAPPING_PROPERTY: kept.model_dump_json()})
 
 
-def _merge(old: list[MappedField], new: list[MappedField]) -> list[MappedField]:
-    """``new`` plus the names (aliases) and sub-fields ``old`` has for the same ids;
-    an old alias that is now another field's name is dropped, so no name is ambiguous."""
-    by_id = {f.field_id: f for f in old if f.field_id is not None}
-    taken = {name for f in new for name in f.names}
-    merged = []
-    for field in new:
-        prior = by_id.get(field.field_id) if field.field_id is not None else None
-        if prior is None:
-            merged.append(field)
-            continue
-        aliases = [n for n in prior.names if n not in taken]
-        names = list(dict.fromkeys([*field.names, *aliases]))
-        fields = _merge(prior.fields, field.fields)
-        merged.append(field.model_copy(update={"names": names, "fields": fields}))
-    return merged
+def _kept_mapping(mapping: NameMapping | None, schema: Schema) -> NameMapping:
+    """``mapping`` as it is, plus an entry for each field of ``schema`` it does not map
+    whose name it leaves free (see THE NAME MAPPING SERVES THE FILES WITHOUT IDS)."""
+    fresh = list(create_mapping_from_schema(schema))
+    return NameMapping(fresh if mapping is None else _kept(list(mapping), fresh))
 
 
-def _mapping_covers(mapping: NameMapping | None, schema: Schema) -> bool:
-    if mapping is None:
-        return False
-    mapped = set(_mapped_ids(list(mapping)))
-    return all(field_id in mapped for field_id in index_by_id(schema))
-
-
-def _mapped_ids(fields: list[MappedField]) -> Iterator[int]:
-    for field in fields:
-        if field.field_id is not None:
-            yield field.field_id
-        yield from _mapped_ids(field.fields)
+def _kept(old: list[MappedField], new: list[MappedField]) -> list[MappedField]:
+    """``old``, its entries' sub-fields kept the same way, then the entries of ``new``
+    whose ids and names ``old`` does not have."""
+    by_id = {f.field_id: f for f in new if f.field_id is not None}
+    kept = [
+        f.model_copy(update={"fields": _kept(f.fields, by_id[f.field_id].fields)})
+        if f.field_id in by_id
+        else f
+        for f in old
+    ]
+    ids = {f.field_id for f in old}
+    taken = {name for f in old for name in f.names}
+    kept += [f for f in new if f.field_id not in ids and not taken.intersection(f.names)]
+    return kept

@@ -1,5 +1,6 @@
-"""Parquet files written the way sparkapply's executors write them: plain pyarrow, no
-field ids, columns named and typed like the Iceberg table, key columns non-nullable."""
+"""Parquet files as sparkapply's executors wrote them before they wrote field ids: plain
+pyarrow, columns named and typed like the Iceberg table, key columns non-nullable. The
+table's name mapping resolves them, so the sink's tests keep such files readable."""
 
 from __future__ import annotations
 

@@ -17,11 +17,12 @@ from pyiceberg.types import (
     StringType,
 )
 
-from sparkapply.errors import SchemaChangeError
+from sparkapply.datafiles import arrow_schema_of
+from sparkapply.errors import SchemaChangeError, SinkError
 from sparkapply.location import path_segment
 from sparkapply.lsn import Lsn
 from sparkapply.sink import apply_evolution, commit_files, ensure_table, read_table
-from sparkapply.sink.tables import NAME_MAPPING_PROPERTY
+from sparkapply.sink.tables import NAME_MAPPING_PROPERTY, replace_columns
 
 from .conftest import ORDERS, orders_schema
 from .executor_files import ORDERS_ARROW, order, to_arrow, write_data_file, write_orders
@@ -213,3 +214,45 @@ def test_table_location_of_names_that_cannot_be_path_segments(catalog: Catalog) 
     path = write_data_file(a, to_arrow([order(1)]))
     commit_files(a, added=[path], lsn=Lsn(10))
     assert read_table(catalog.load_table(("s#1", "a/b"))).num_rows == 1
+
+
+def _write_with_ids(table: Table, rows: list[dict[str, object]]) -> str:
+    """A data file as the executors write it now: the table schema's field ids."""
+    schema = arrow_schema_of(table)
+    return write_data_file(table, to_arrow(rows, schema).cast(schema))
+
+
+def test_a_replaced_column_is_a_new_field_and_older_snapshots_keep_the_old(
+    catalog: Catalog, orders: Table
+) -> None:
+    # One file as sparkapply wrote them before field ids, one with them.
+    commit_files(orders, added=[write_orders(orders, [1])], lsn=Lsn("0/10"))
+    commit_files(orders, added=[_write_with_ids(orders, [order(2)])], lsn=Lsn("0/11"))
+    before = orders.metadata.current_snapshot_id
+    old_id = orders.schema().find_field("qty").field_id
+
+    replace_columns(orders, [("qty", StringType())], Lsn("0/12"))
+    table = catalog.load_table(ORDERS)
+    qty = table.schema().find_field("qty")
+    assert qty.field_id > old_id and qty.field_type == StringType()
+    assert [f.name for f in table.schema().fields] == [f.name for f in orders_schema().fields]
+    # The name mapping serves the files without ids: qty still names the old field.
+    assert mapping_names(table)["qty"] == old_id
+    rows = [dict(order(3), qty="three")]
+    commit_files(table, added=[_write_with_ids(table, rows)], lsn=Lsn("0/13"))
+
+    now = read_table(table).sort_by("id")
+    assert now.column("qty").to_pylist() == [None, None, "three"]  # not the old ints
+    old = read_table(table, snapshot_id=before).sort_by("id")
+    assert old.schema.field("qty").type == pa.int32()
+    assert old.column("qty").to_pylist() == [10, 20]
+
+
+def test_a_file_written_before_a_column_was_replaced_is_refused(
+    catalog: Catalog, orders: Table
+) -> None:
+    # Its qty is the old field: the manifest would record its bounds for the new one.
+    stale = _write_with_ids(orders, [order(1)])
+    replace_columns(orders, [("qty", StringType())], Lsn("0/12"))
+    with pytest.raises(SinkError, match="field id"):
+        commit_files(catalog.load_table(ORDERS), added=[stale], lsn=Lsn("0/13"))
