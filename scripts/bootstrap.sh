@@ -85,3 +85,22 @@ if [ "${BOOTSTRAP_PG_MATRIX:-1}" != "0" ] && ! command -v systemd-analyze >/dev/
     echo "bootstrap: installing systemd (systemd-analyze, for the unit file's test)" >&2
     apt_install systemd
 fi
+
+# The product on Spark 3.5 (the tests' second Spark, scripts/test.sh): .venv-spark35 holds
+# pyspark 3.5, its py4j and Apache's Iceberg runtime for Spark 3.5 (in PyPI's
+# snowpark-connect-deps-iceberg 1.0.2), and reads everything else from .venv and this
+# tree, so the same code and the same libraries run on the other Spark.
+SPARK35_PKGS="pyspark==3.5.9 py4j==0.10.9.7 snowpark-connect-deps-iceberg==1.0.2"
+if [ "${BOOTSTRAP_PG_MATRIX:-1}" != "0" ]; then
+    site35=".venv-spark35/lib/python$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')/site-packages"
+    if [ "$(cat .venv-spark35/.installed 2>/dev/null)" != "$SPARK35_PKGS $(pwd)" ]; then
+        echo "bootstrap: installing pyspark 3.5 beside the product (.venv-spark35/)" >&2
+        rm -rf .venv-spark35
+        "$PY" -m venv .venv-spark35
+        # shellcheck disable=SC2086  # the list is words
+        .venv-spark35/bin/python -m pip install -q --no-deps $SPARK35_PKGS
+        main_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        printf '%s\n%s\n' "$main_site" "$(pwd)" > "$site35/sparkapply-overlay.pth"
+        echo "$SPARK35_PKGS $(pwd)" > .venv-spark35/.installed
+    fi
+fi
