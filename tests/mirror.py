@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,8 @@ from sparkapply.config import Config, load_config
 from sparkapply.lsn import Lsn
 from sparkapply.run.batch import BatchStats
 from sparkapply.run.subscriber import RunSummary, Subscriber
-from tests.java_reader import JdbcCatalog, jdbc_catalog
-from tests.readers import AT_SNAPSHOT, READERS, Readers, can_read
+from tests.java_reader import JdbcCatalog, jdbc_catalog, shared_java_reader
+from tests.readers import AT_SNAPSHOT, READERS, Readers, can_read, conform
 
 
 def slot_for(dsn: str) -> str:
@@ -365,6 +365,28 @@ def assert_readers_agree(
             got = readers.read_like(reader, table, pyiceberg.schema, name, snapshot_id)
             at = "" if snapshot_id is None else f" at snapshot {snapshot_id}"
             assert_same_rows(f"{name}{at}", reader, got, pyiceberg)
+
+
+def assert_cut_read_alike(
+    mirror: Mirror,
+    cut_tables: Mapping[str, int],
+    reads: Mapping[str, pa.Table],
+    readers: Readers,
+    jdbc: JdbcCatalog | None = None,
+) -> None:
+    """Each table of a cut (``cut_tables``: its snapshot ids), as pyiceberg read it at
+    the cut (``reads``), reads the same in the readers that read a snapshot; and, given
+    ``jdbc``, in Spark SQL through Java's JdbcCatalog (``VERSION AS OF``), as users
+    read a cut."""
+    for name, snapshot_id in cut_tables.items():
+        table = mirror.iceberg_table(name)
+        assert_readers_agree(name, table, reads[name], readers, snapshot_id)
+        if jdbc is not None and can_read("java", table):
+            got = shared_java_reader().read_catalog(jdbc, name, snapshot_id)
+            got = conform(got, reads[name].schema, "java (JdbcCatalog)", name)
+            assert_same_rows(
+                f"{name} at snapshot {snapshot_id}", "java (JdbcCatalog)", got, reads[name]
+            )
 
 
 def assert_same_rows(name: str, reader: str, got: pa.Table, pyiceberg: pa.Table) -> None:

@@ -61,6 +61,11 @@ class ReaderProcess:
         self.env = None if env is None else dict(env)
         self._child: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        self.reads = 0
+        """Reads answered, and the seconds they and the children's starts took (what
+        the reader adds to a test run)."""
+        self.read_seconds = 0.0
+        self.start_seconds_spent = 0.0
 
     def ask(self, request: dict[str, Any]) -> pa.Table:
         """The child's answer to ``request``, tried in a second child if the first gave
@@ -87,6 +92,14 @@ class ReaderProcess:
 
     def _ask(self, request: dict[str, Any]) -> pa.Table:
         child = self._started()
+        began = time.monotonic()
+        try:
+            return self._answer(child, request)
+        finally:
+            self.reads += 1
+            self.read_seconds += time.monotonic() - began
+
+    def _answer(self, child: subprocess.Popen[bytes], request: dict[str, Any]) -> pa.Table:
         assert child.stdin is not None and child.stdout is not None
         payload = json.dumps(request).encode()
         child.stdin.write(_LENGTH.pack(len(payload)) + payload)
@@ -102,6 +115,7 @@ class ReaderProcess:
 
     def _started(self) -> subprocess.Popen[bytes]:
         if self._child is None or self._child.poll() is not None:
+            began = time.monotonic()
             self._child = subprocess.Popen(
                 self.command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env
             )
@@ -109,6 +123,7 @@ class ReaderProcess:
             deadline = time.monotonic() + self.start_seconds
             ready = self._receive(self._child.stdout, 1, deadline)
             assert ready == _READY, f"the {self.name} reader process said {ready!r}"
+            self.start_seconds_spent += time.monotonic() - began
         return self._child
 
     def _stop(self) -> None:
