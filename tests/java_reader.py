@@ -56,6 +56,20 @@ JDBC_DRIVERS = ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.j
 
 _VECTORIZATION = "spark.sql.iceberg.vectorization.enabled"
 
+PARSED = pa.schema(
+    [
+        ("location", pa.string()),
+        ("error", pa.string()),
+        ("format_version", pa.int32()),
+        ("table_uuid", pa.string()),
+        ("last_sequence_number", pa.int64()),
+        ("current_schema_id", pa.int32()),
+        ("current_snapshot_id", pa.int64()),
+        ("snapshot_ids", pa.list_(pa.int64())),
+    ]
+)
+"""What :meth:`JavaReader.parse_metadata` tells of each metadata file."""
+
 
 def java_python() -> Path:
     """The Python of the Java reader's environment: ``$SPARKAPPLY_JAVA_PYTHON``, else
@@ -180,6 +194,11 @@ class JavaReader(ReaderProcess):
             }
         )
 
+    def parse_metadata(self, locations: list[str]) -> pa.Table:
+        """Each metadata file of ``locations`` as Java's ``TableMetadataParser`` parses
+        it, a row each (:data:`PARSED`): ``error`` says why Java refused one."""
+        return self.ask({"parse": locations})
+
     def plan(self, table: Table, vectorized: bool = True) -> str:
         """Spark's physical plan for reading ``table``, to see which Iceberg reader a
         read uses (a vectorized scan is columnar: ``ColumnarToRow`` above the scan)."""
@@ -260,6 +279,8 @@ class _Child:
         self.catalogs: dict[str, Any] = {}  # a session per JdbcCatalog, by its JSON
 
     def read(self, request: dict[str, Any]) -> pa.Table:
+        if "parse" in request:
+            return self._parse(request["parse"])
         catalog = request.get("catalog")
         session = self.spark if catalog is None else self._catalog_session(catalog)
         session.conf.set(_VECTORIZATION, str(request["vectorized"]).lower())
@@ -280,6 +301,33 @@ class _Child:
             plan = frame._jdf.queryExecution().executedPlan().toString()
             return pa.table({"plan": [plan]})
         return _arrow(frame)
+
+    def _parse(self, locations: list[str]) -> pa.Table:
+        """Each metadata file as Java's ``TableMetadataParser`` reads it (which checks
+        what the spec requires of one): what it found, or why it refused the file."""
+        jvm = self.spark._jvm
+        io = jvm.org.apache.iceberg.hadoop.HadoopFileIO(self.spark._jsc.hadoopConfiguration())
+        rows: list[dict[str, Any]] = []
+        for location in locations:
+            try:
+                meta = jvm.org.apache.iceberg.TableMetadataParser.read(io, location)
+            except Exception as exc:  # the parser's message, for the test to show
+                rows.append({"location": location, "error": str(exc).splitlines()[0]})
+                continue
+            current = meta.currentSnapshot()
+            rows.append(
+                {
+                    "location": location,
+                    "error": None,
+                    "format_version": meta.formatVersion(),
+                    "table_uuid": meta.uuid(),
+                    "last_sequence_number": meta.lastSequenceNumber(),
+                    "current_schema_id": meta.currentSchemaId(),
+                    "current_snapshot_id": None if current is None else current.snapshotId(),
+                    "snapshot_ids": [s.snapshotId() for s in meta.snapshots()],
+                }
+            )
+        return pa.Table.from_pylist(rows, schema=PARSED)
 
     def _catalog_session(self, catalog: dict[str, Any]) -> Any:
         """A Spark session whose catalog ``name`` is that JdbcCatalog (Spark names a

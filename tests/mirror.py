@@ -38,6 +38,7 @@ from sparkapply.run.batch import BatchStats
 from sparkapply.run.subscriber import RunSummary, Subscriber
 from tests.java_reader import JdbcCatalog, jdbc_catalog, shared_java_reader
 from tests.readers import AT_SNAPSHOT, READERS, Readers, can_read, conform
+from tests.spec_check import assert_spec_conformant
 
 
 def slot_for(dsn: str) -> str:
@@ -210,7 +211,8 @@ class Mirror:
     def assert_mirrored(self, *tables: str, readers: Readers | None = None) -> None:
         """Each table reads in pyiceberg as the publisher's rows, and reads the same in
         DuckDB, iceberg-rust and Java Iceberg as in pyiceberg (all at one snapshot),
-        through ``readers`` or through readers opened for this call."""
+        through ``readers`` or through readers opened for this call; and its files are
+        the spec's (:func:`tests.spec_check.assert_spec_conformant`)."""
         from sparkapply.sink.read import read_table
 
         with contextlib.ExitStack() as stack:
@@ -221,6 +223,7 @@ class Mirror:
                 arrow = read_table(iceberg)
                 self._assert_equals_postgres(table, arrow)
                 assert_readers_agree(table, iceberg, arrow, readers)
+                assert_spec_conformant(iceberg)
 
     def _assert_equals_postgres(self, table: str, arrow: pa.Table) -> None:
         ice_types = self.iceberg_types(table)
