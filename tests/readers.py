@@ -1,8 +1,10 @@
 """Independent readers of the mirror, beside pyiceberg's own scan: DuckDB's iceberg
-extension (from PyPI) and iceberg-rust (pyiceberg-core's DataFusion table provider).
-Every table sparkapply writes must read the same in all three: a spec slip (a missing
-name mapping, a wrong physical type, a delete file another engine resolves differently)
-shows up in one of them.
+extension (from PyPI), iceberg-rust (pyiceberg-core's DataFusion table provider) and
+Iceberg's Java runtime in Spark 3.5 (:mod:`tests.java_reader`), the format's reference
+implementation. Every table sparkapply writes must read the same in all four: a spec
+slip (a missing name mapping, a wrong physical type, a delete file another engine
+resolves differently) shows up in one of them. Where they disagree with Java, Java is
+taken for right until shown otherwise.
 
 Each reader returns Arrow in its own representation. :func:`conform` turns a reader's
 table into the Arrow schema pyiceberg gives, so that the Python values compare; it
@@ -26,10 +28,15 @@ from pyiceberg.table import Table
 from pyiceberg.types import ListType
 
 from tests.field_ids import file_ids, live_data_files
+from tests.java_reader import shared_java_reader, spark_unreadable
 from tests.rust_reader import shared_reader
 
-READERS = ("duckdb", "iceberg-rust")
+READERS = ("duckdb", "iceberg-rust", "java")
 """The readers beside pyiceberg, by the names messages use."""
+
+AT_SNAPSHOT = ("duckdb", "java")
+"""The readers that read a given snapshot (a cut's), not only the current one:
+pyiceberg-core's DataFusion provider reads the current snapshot only."""
 
 
 def _extension(module: ModuleType, name: str) -> str:
@@ -46,14 +53,21 @@ def duckdb_connection() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def read_with_duckdb(table: Table, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
-    """The table's current snapshot as DuckDB's iceberg_scan reads it (on ``con``, or on
-    a connection of its own)."""
+def read_with_duckdb(
+    table: Table, con: duckdb.DuckDBPyConnection | None = None, snapshot_id: int | None = None
+) -> pa.Table:
+    """The table's current snapshot, or ``snapshot_id``, as DuckDB's iceberg_scan reads it
+    (on ``con``, or on a connection of its own)."""
     own = con is None
     con = duckdb_connection() if con is None else con
     try:
-        location = table.metadata_location.replace("'", "''")
-        return con.execute(f"SELECT * FROM iceberg_scan('{location}')").to_arrow_table()
+        if snapshot_id is None:
+            query = "SELECT * FROM iceberg_scan(?)"
+            params: list[object] = [table.metadata_location]
+        else:
+            query = "SELECT * FROM iceberg_scan(?, snapshot_from_id => ?)"
+            params = [table.metadata_location, snapshot_id]
+        return con.execute(query, params).to_arrow_table()
     finally:
         if own:
             con.close()
@@ -64,6 +78,15 @@ def read_with_iceberg_rust(table: Table, columns: list[str] | None = None) -> pa
     pyiceberg-core's DataFusion table provider for the same metadata file, in the test
     run's reader process (:mod:`tests.rust_reader` says why a process)."""
     return shared_reader().read(table, columns)
+
+
+def read_with_java(
+    table: Table, columns: list[str] | None = None, snapshot_id: int | None = None
+) -> pa.Table:
+    """The table's current snapshot, or ``snapshot_id`` (``columns`` of it, or all), as
+    Iceberg's Java runtime reads the same metadata file in Spark 3.5, in the test run's
+    Java reader process (:mod:`tests.java_reader`)."""
+    return shared_java_reader().read(table, columns, snapshot_id)
 
 
 def unreadable(reader: str, table: Table) -> list[str]:
@@ -78,6 +101,8 @@ def unreadable(reader: str, table: Table) -> list[str]:
     them), whose element the name mapping does not reach (apache/iceberg-rust#1845).
     Files sparkapply writes now carry ids, so a list column every file holds is read.
     """
+    if reader == "java":
+        return spark_unreadable(table)  # a table with a time column: all of it
     if reader != "iceberg-rust":
         return []
     lists = [f for f in table.schema().fields if isinstance(f.field_type, ListType)]
@@ -85,29 +110,46 @@ def unreadable(reader: str, table: Table) -> list[str]:
     return [f.name for f in lists if any(ids.get((f.name,)) != f.field_id for ids in held)]
 
 
+def can_read(reader: str, table: Table) -> bool:
+    """Whether ``reader`` reads any column of ``table`` (:func:`unreadable`)."""
+    return len(unreadable(reader, table)) < len(table.schema().fields)
+
+
 class Readers:
-    """One DuckDB connection (and the run's iceberg-rust process), for reading several
-    tables."""
+    """One DuckDB connection (and the run's iceberg-rust and Java processes), for reading
+    several tables."""
 
     def __init__(self) -> None:
         self._duckdb = duckdb_connection()
 
-    def read(self, reader: str, table: Table) -> pa.Table:
-        """``table`` as ``reader`` (one of :data:`READERS`) reads it, in the reader's own
-        representation, without the columns it cannot read (:func:`unreadable`)."""
+    def read(self, reader: str, table: Table, snapshot_id: int | None = None) -> pa.Table:
+        """``table`` as ``reader`` (one of :data:`READERS`) reads it, at its current
+        snapshot or at ``snapshot_id`` (readers of :data:`AT_SNAPSHOT`), in the reader's
+        own representation, without the columns it cannot read (:func:`unreadable`)."""
         skip = unreadable(reader, table)
         columns = [f.name for f in table.schema().fields if f.name not in skip]
+        if snapshot_id is not None and reader not in AT_SNAPSHOT:
+            raise ValueError(f"{reader} reads the current snapshot only")
         if reader == "duckdb":
-            arrow = read_with_duckdb(table, self._duckdb)
+            arrow = read_with_duckdb(table, self._duckdb, snapshot_id)
             return arrow.select(columns) if skip else arrow
         if reader == "iceberg-rust":
             return read_with_iceberg_rust(table, columns if skip else None)
+        if reader == "java":
+            return read_with_java(table, columns if skip else None, snapshot_id)
         raise ValueError(f"no reader {reader!r}")
 
-    def read_like(self, reader: str, table: Table, like: pa.Schema, name: str) -> pa.Table:
+    def read_like(
+        self,
+        reader: str,
+        table: Table,
+        like: pa.Schema,
+        name: str,
+        snapshot_id: int | None = None,
+    ) -> pa.Table:
         """:meth:`read`, conformed to pyiceberg's schema ``like`` (:func:`conform`), less
         the columns the reader cannot read; ``name`` is the table in messages."""
-        arrow = self.read(reader, table)
+        arrow = self.read(reader, table, snapshot_id)
         skip = unreadable(reader, table)
         kept = pa.schema([f for f in like if f.name not in skip])
         return conform(arrow, kept, reader, name)
@@ -130,14 +172,14 @@ class Readers:
 # CONFORMING A READER'S ARROW TO PYICEBERG'S
 #
 # Representation only (the same values, another Arrow type), accepted and converted:
-# - string, binary: DuckDB and DataFusion give 32-bit offsets (string, binary), pyiceberg
-#   64-bit ones (large_string, large_binary);
+# - string, binary: DuckDB, DataFusion and Spark give 32-bit offsets (string, binary),
+#   pyiceberg 64-bit ones (large_string, large_binary);
 # - list: likewise list against large_list, and another element field name (DuckDB "l",
-#   DataFusion and pyiceberg "element"); elements are conformed the same way;
+#   DataFusion, Spark and pyiceberg "element"); elements are conformed the same way;
 # - uuid: pyiceberg gives the arrow.uuid extension type, DataFusion its storage
-#   (fixed_size_binary(16)), DuckDB the canonical text form ('6f059f3b-275a-…');
-# - timestamptz: the same UTC instants, with the zone spelled "UTC" (pyiceberg),
-#   "+00:00" (DataFusion) or "Etc/UTC" (DuckDB);
+#   (fixed_size_binary(16)), DuckDB and Spark the canonical text form ('6f059f3b-275a-…');
+# - timestamptz: the same UTC instants, with the zone spelled "UTC" (pyiceberg, Spark
+#   in a UTC session), "+00:00" (DataFusion) or "Etc/UTC" (DuckDB);
 # - Parquet field-id metadata on DataFusion's fields.
 # Anything else that differs in type fails: it is no representation a reader is known
 # to choose, so it may be a real difference in what the reader found in the files.

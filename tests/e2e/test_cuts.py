@@ -29,8 +29,15 @@ from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.cuts import cuts_identifier, read_cuts
 from sparkapply.sink.maintenance import expire_and_delete
 from tests.conftest import PgServer
-from tests.mirror import Mirror, Running, assert_readers_agree
-from tests.readers import Readers, duckdb_connection
+from tests.java_reader import shared_java_reader, sqlite_catalog_copy
+from tests.mirror import (
+    Mirror,
+    Running,
+    assert_cut_read_alike,
+    assert_readers_agree,
+    assert_same_rows,
+)
+from tests.readers import Readers, conform, duckdb_connection
 
 TABLES = ("public.acct_a", "public.acct_b", "public.moves")
 TOTAL = 2 * 10 * 100
@@ -90,19 +97,27 @@ def test_every_cut_is_one_consistent_database(mirror: Mirror, tmp_path: Path) ->
     cuts = read_cuts(cuts_table)
     assert len(cuts) >= 4 * 8 // 3, [str(c.lsn) for c in cuts]
     assert cuts[0].committed_at is None and cuts[0].lsn < after[0]  # the copy's cut
-    for cut in cuts:
-        assert set(cut.tables) == set(TABLES), cut
-        # The transactions whose commit LSN is at most the cut's: the cut is the commit
-        # LSN of a batch's last transaction k, which lies after transaction k-1 ended
-        # (the copy's: none).
-        k = sum(1 for end in [Lsn(0), *after[:-1]] if end < cut.lsn) if cut is not cuts[0] else 0
-        read = {t: read_table(catalog.load_table(t), snapshot_id=cut.tables[t]) for t in TABLES}
-        seqs = sorted(read["public.moves"].column("seq").to_pylist())
-        assert seqs == list(range(1, k + 1)), (str(cut.lsn), seqs)
-        total = sum(read["public.acct_a"].column("bal").to_pylist()) + sum(
-            read["public.acct_b"].column("bal").to_pylist()
-        )
-        assert total == TOTAL, (str(cut.lsn), total)
+    # Java through JdbcCatalog, as users read a cut, on a copy of the SQLite catalog.
+    jdbc = sqlite_catalog_copy(mirror.jdbc_catalog(), tmp_path / "catalog-copy.db")
+    with Readers() as readers:
+        for cut in cuts:
+            assert set(cut.tables) == set(TABLES), cut
+            # The transactions whose commit LSN is at most the cut's: the cut is the
+            # commit LSN of a batch's last transaction k, which lies after transaction
+            # k-1 ended (the copy's: none).
+            ends = [Lsn(0), *after[:-1]]
+            k = sum(1 for end in ends if end < cut.lsn) if cut is not cuts[0] else 0
+            read = {t: read_table(catalog.load_table(t), snapshot_id=cut.tables[t]) for t in TABLES}
+            seqs = sorted(read["public.moves"].column("seq").to_pylist())
+            assert seqs == list(range(1, k + 1)), (str(cut.lsn), seqs)
+            total = sum(read["public.acct_a"].column("bal").to_pylist()) + sum(
+                read["public.acct_b"].column("bal").to_pylist()
+            )
+            assert total == TOTAL, (str(cut.lsn), total)
+            # Every cut in the readers that read a snapshot; the oldest and newest in Java
+            # through the catalog too.
+            through = jdbc if cut in (cuts[0], cuts[-1]) else None
+            assert_cut_read_alike(mirror, cut.tables, read, readers, through)
 
     newest = latest_cut(catalog)
     assert newest.lsn == cuts[-1].lsn
@@ -173,8 +188,12 @@ def _numbered(mirror: Mirror, first: int, count: int) -> list[Lsn]:
 
 
 def _seqs_at(mirror: Mirror, cut_tables: dict[str, int]) -> list[int]:
+    """``moves`` at the cut, as pyiceberg reads it, and DuckDB and Java alike."""
     moves = mirror.catalog.load_table("public.moves")
-    arrow = read_table(moves, snapshot_id=cut_tables["public.moves"])
+    snapshot_id = cut_tables["public.moves"]
+    arrow = read_table(moves, snapshot_id=snapshot_id)
+    with Readers() as readers:
+        assert_readers_agree("public.moves", moves, arrow, readers, snapshot_id)
     return sorted(arrow.column("seq").to_pylist())
 
 
@@ -249,7 +268,7 @@ def test_a_tagged_cut_survives_expiry_and_reads_by_name(mirror: Mirror, tmp_path
         assert {s.snapshot_id for s in table.metadata.snapshots} == kept
     moves = mirror.catalog.load_table("public.moves")
     snapshot_id = tagged.tables["public.moves"]
-    assert sorted(read_table(moves, snapshot_id=snapshot_id).column("seq").to_pylist()) == [1, 2, 3]
+    assert _seqs_at(mirror, tagged.tables) == [1, 2, 3]  # after expiry, in every reader
     with duckdb_connection() as con:  # DuckDB, at the snapshot the tag names
         rows = con.execute(
             "SELECT seq FROM iceberg_scan(?, snapshot_from_id => ?) ORDER BY seq",
@@ -352,6 +371,16 @@ def test_a_postgresql_catalog_holds_the_mirror_as_one_database(
                 "SELECT table_namespace, table_name FROM iceberg_tables ORDER BY 1, 2"
             ).fetchall()
         assert ("public", "acct_a") in rows and ("sparkapply", "cuts") in rows
+        # And Java finds them: Spark SQL through JdbcCatalog on PostgreSQL, at the cut
+        # and at the current snapshot (the catalog's pointer).
+        jdbc = mirror.jdbc_catalog()
+        assert jdbc.uri.startswith("jdbc:postgresql:"), jdbc.uri
+        for table in TABLES:
+            mine = read_table(mirror.catalog.load_table(table))
+            for at in (cut.tables[table], None):
+                got = shared_java_reader().read_catalog(jdbc, table, at)
+                got = conform(got, mine.schema, "java (JdbcCatalog)", table)
+                assert_same_rows(table, "java (JdbcCatalog)", got, mine)
     finally:
         if mirror.catalog is not None:
             mirror.catalog.engine.dispose()

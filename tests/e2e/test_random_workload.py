@@ -127,7 +127,8 @@ def execute(mirror: Mirror, rnd: random.Random, txns: list[list[str]]) -> None:
 
 
 def assert_readers_equal_postgres(mirror: Mirror, readers: Readers, table: str) -> None:
-    """pyiceberg, DuckDB and iceberg-rust each read ``table`` as the publisher's rows."""
+    """pyiceberg, DuckDB, iceberg-rust and Java Iceberg each read ``table`` as the
+    publisher's rows."""
     from sparkapply.sink.read import read_table
 
     cols, pg = mirror.pg_rows(table)

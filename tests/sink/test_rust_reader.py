@@ -14,7 +14,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField, StringType
 
-from tests.rust_reader import RustReader, RustReadTimeout
+from tests.reader_process import ReaderTimeout
+from tests.rust_reader import RustReader
 
 
 def _table(catalog: Catalog) -> Table:
@@ -75,7 +76,7 @@ def test_a_stopped_reader_times_out_on_the_second_try_too(catalog: Catalog) -> N
             return child
 
         reader._started = stopped_start  # type: ignore[method-assign]
-        with pytest.raises(RustReadTimeout):
+        with pytest.raises(ReaderTimeout):
             reader.read(table)
         assert reader.pid is None  # the blocked replacement is killed too
     finally:
