@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +21,7 @@ from sparkapply.sink.catalog import open_catalog
 from sparkapply.sink.progress import LSN_TABLE_PROPERTY
 from sparkapply.source.preflight import Finding
 from tests.mirror import cli, make_config
+from tests.servers import own_server
 
 pytestmark = pytest.mark.integration
 
@@ -103,16 +102,9 @@ def test_each_publisher_fault_is_found_with_its_fix(
 @pytest.fixture()
 def replica_level_server() -> Iterator[EmbeddedPostgres]:
     """A server of the test's own, with wal_level=replica and room for two slots."""
-    root = Path(tempfile.mkdtemp(prefix="sparkapply-test-check-"))
-    os.chmod(root, 0o755)  # the server may run as another user (see sparkapply.embedded)
     settings = {"wal_level": "replica", "max_replication_slots": "2", "max_wal_senders": "2"}
-    pg = EmbeddedPostgres(root / "data", settings=settings)
-    pg.start()
-    try:
+    with own_server("check", settings) as pg:
         yield pg
-    finally:
-        pg.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_wal_level_and_slot_capacity(

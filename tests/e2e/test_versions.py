@@ -10,10 +10,7 @@ negotiated from the server's own log.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +24,7 @@ from sparkapply.verify.canonical import sql_hash, text_hash
 from sparkapply.verify.publisher import check_hash
 from tests.e2e.test_verify_values import prove
 from tests.mirror import Mirror
+from tests.servers import own_server
 from tests.verify.values import COLUMNS
 
 pytestmark = pytest.mark.integration
@@ -43,8 +41,6 @@ EXPECTED_PROTOCOL = {
 @pytest.fixture(scope="module", params=VERSIONS, ids=lambda v: f"pg{v}")
 def server(request: pytest.FixtureRequest) -> Iterator[EmbeddedPostgres]:
     major: int = request.param
-    root = Path(tempfile.mkdtemp(prefix=f"sparkapply-test-pg{major}-"))
-    os.chmod(root, 0o755)  # the server may run as another user (see sparkapply.embedded)
     settings = {
         "logical_decoding_work_mem": "64kB",
         "wal_sender_timeout": "20s",
@@ -52,14 +48,9 @@ def server(request: pytest.FixtureRequest) -> Iterator[EmbeddedPostgres]:
     }
     if major >= 16:
         settings["debug_logical_replication_streaming"] = "immediate"
-    pg = EmbeddedPostgres(root / "data", settings=settings, bin_dir=installed_bin_dir(major))
-    assert pg.version == major
-    pg.start()
-    try:
+    with own_server(f"pg{major}", settings, installed_bin_dir(major)) as pg:
+        assert pg.version == major
         yield pg
-    finally:
-        pg.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _server_version(dsn: str) -> int:
