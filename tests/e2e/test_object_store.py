@@ -15,6 +15,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import tomllib
 import uuid
 from collections.abc import Iterator, Mapping
@@ -191,14 +192,16 @@ def assert_equal(mirror: Mirror, weed: SeaweedFS, *sources: str) -> None:
         con.close()
 
 
-def assert_nothing_local(*roots: Path) -> None:
-    """No Parquet, Avro or metadata JSON under ``roots`` (the work dir, the current
-    directory), and no local folder named like the REST warehouse."""
+def assert_nothing_local(since: float, *roots: Path) -> None:
+    """No Parquet, Avro or metadata JSON written since ``since`` (epoch seconds) under
+    ``roots`` (the work dir, the current directory: a checkout whose virtualenvs hold
+    libraries' own test files), and no local folder named like the REST warehouse."""
     found = [
         p
         for root in roots
         for p in root.rglob("*")
-        if p.suffix in (".parquet", ".avro") or p.name.endswith(".metadata.json")
+        if (p.suffix in (".parquet", ".avro") or p.name.endswith(".metadata.json"))
+        and p.stat().st_mtime >= since
     ]
     assert not found, f"files landed on the local disk: {found[:5]}"
     assert not (Path.cwd() / "iceberg-tables").exists()
@@ -218,6 +221,7 @@ def test_a_mirror_on_s3_behind_a_rest_catalog(
     pg_server: PgServer,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    started = time.time()
     mirror, config = lake
     weed = s3_env
     sources = [f"public.{t}" for t in TABLES]
@@ -309,7 +313,7 @@ def test_a_mirror_on_s3_behind_a_rest_catalog(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"rows: {len(mirror.pg_rows('public.orders')[1])}" in proc.stdout
-    assert_nothing_local(mirror.config.work_dir, Path.cwd())
+    assert_nothing_local(started, mirror.config.work_dir, Path.cwd())
 
 
 def _subscriber(mirror: Mirror) -> Any:
