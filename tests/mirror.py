@@ -290,6 +290,15 @@ def killed(failpoint: str, *args: str) -> None:
     )
 
 
+def prepare_transaction(dsn: str, gid: str, *statements: str) -> None:
+    """Run ``statements`` in one transaction and PREPARE it as ``gid`` (left prepared)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        for s in statements:
+            conn.execute(s)
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+
+
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -37,7 +37,7 @@ from sparkapply.sink.progress import applied_lsn, lineage_lsn
 from sparkapply.sink.read import read_table
 from sparkapply.storage import Storage
 from tests.conftest import PgServer
-from tests.mirror import Mirror, Running, killed, slot_for
+from tests.mirror import Mirror, Running, killed, prepare_transaction, slot_for
 from tests.readers import _extension
 from tests.seaweedfs import SeaweedFS
 
@@ -207,14 +207,6 @@ def assert_nothing_local(since: float, *roots: Path) -> None:
     assert not (Path.cwd() / "iceberg-tables").exists()
 
 
-def _prepare(dsn: str, gid: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("BEGIN")
-        for s in statements:
-            conn.execute(s)
-        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-
-
 def test_a_mirror_on_s3_behind_a_rest_catalog(
     lake: tuple[Mirror, Path],
     s3_env: SeaweedFS,
@@ -253,7 +245,9 @@ def test_a_mirror_on_s3_behind_a_rest_catalog(
             "INSERT INTO orders SELECT g, g, repeat('x', 200) FROM generate_series(2000, 5999) g",
             "COMMIT",
         )
-        _prepare(mirror.dsn, "g1", "UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+        prepare_transaction(
+            mirror.dsn, "g1", "UPDATE accounts SET balance = balance + 10 WHERE id = 2"
+        )
         mirror.sql("COMMIT PREPARED 'g1'")
         summary = mirror.run()
     finally:

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from tests.conftest import PgServer
-from tests.mirror import Mirror
+from tests.mirror import Mirror, prepare_transaction
 
 pytestmark = pytest.mark.integration
-
-
-def _prepare(dsn: str, gid: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("BEGIN")
-        for s in statements:
-            conn.execute(s)
-        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
 
 
 def test_prepared_commit_rollback_empty_reused_gid(mirror: Mirror) -> None:
@@ -27,13 +18,17 @@ def test_prepared_commit_rollback_empty_reused_gid(mirror: Mirror) -> None:
         "CREATE PUBLICATION pub FOR TABLE t",
     )
     mirror.run()
-    _prepare(mirror.dsn, "g1", "INSERT INTO t SELECT g, 'p1' FROM generate_series(1, 100) g")
-    _prepare(mirror.dsn, "g2", "INSERT INTO t SELECT g, 'p2' FROM generate_series(101, 200) g")
-    _prepare(mirror.dsn, "empty", "INSERT INTO other VALUES (1)")  # nothing published
+    prepare_transaction(
+        mirror.dsn, "g1", "INSERT INTO t SELECT g, 'p1' FROM generate_series(1, 100) g"
+    )
+    prepare_transaction(
+        mirror.dsn, "g2", "INSERT INTO t SELECT g, 'p2' FROM generate_series(101, 200) g"
+    )
+    prepare_transaction(mirror.dsn, "empty", "INSERT INTO other VALUES (1)")  # nothing published
     mirror.sql("INSERT INTO t VALUES (1000, 'ordinary, between')")
     mirror.sql("ROLLBACK PREPARED 'g2'", "COMMIT PREPARED 'g1'", "COMMIT PREPARED 'empty'")
     # The same GID again, for a different transaction.
-    _prepare(mirror.dsn, "g1", "UPDATE t SET v = 'reused gid' WHERE id <= 10")
+    prepare_transaction(mirror.dsn, "g1", "UPDATE t SET v = 'reused gid' WHERE id <= 10")
     mirror.sql("COMMIT PREPARED 'g1'")
     mirror.run()
     mirror.assert_mirrored("public.t")
@@ -45,14 +40,14 @@ def test_restart_between_prepare_and_commit_prepared(mirror: Mirror, pg_server: 
         "CREATE PUBLICATION pub FOR TABLE t",
     )
     mirror.run()
-    _prepare(
+    prepare_transaction(
         mirror.dsn, "later", "INSERT INTO t SELECT g, 'prepared' FROM generate_series(1, 50) g"
     )
-    _prepare(mirror.dsn, "undone", "INSERT INTO t VALUES (999, 'rolled back later')")
+    prepare_transaction(mirror.dsn, "undone", "INSERT INTO t VALUES (999, 'rolled back later')")
     pg_server.set_streaming("immediate")
     try:
         # A streamed prepared transaction (STREAM PREPARE).
-        _prepare(
+        prepare_transaction(
             mirror.dsn, "streamed", "INSERT INTO t SELECT g, 's' FROM generate_series(51, 300) g"
         )
     finally:
